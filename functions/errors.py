@@ -1,0 +1,101 @@
+"""Typed errors shared by every layer.
+
+Each error carries an ``error_class`` (the string a caller sees in a job record or an HTTP
+error body) and whether it is *retryable*: only failures that provably ran no user code, or
+that the pod caused (``PodLost``), may be retried automatically. Exactly one place,
+``gateway.errors``, maps these to HTTP status codes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorClass(StrEnum):
+    """Every error class a caller can observe, in a job record or an HTTP error body."""
+
+    UNKNOWN_FIELD = "UnknownField"
+    INVALID_REQUEST = "InvalidRequest"
+    UNAUTHORIZED = "Unauthorized"
+    FORBIDDEN = "Forbidden"
+    NOT_FOUND = "NotFound"
+    CONFLICT = "Conflict"
+    IDEMPOTENCY_MISMATCH = "IdempotencyMismatch"
+    PACKAGE_REJECTED = "PackageRejected"
+    DEPENDENCY_INSTALL_FAILED = "DependencyInstallFailed"
+    FUNCTION_ERROR = "FunctionError"
+    NON_ZERO_EXIT = "NonZeroExit"
+    OOM = "OOM"
+    TIMEOUT = "Timeout"
+    CANCELLED = "Cancelled"
+    POD_LOST = "PodLost"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    EXPIRED = "Expired"
+    UNAVAILABLE = "Unavailable"
+    INTERNAL = "InternalError"
+
+
+#: Attempt failures after which an automatic retry is allowed (the attempt ran no user code or
+#: the pod, not the function, failed). FunctionError / NonZeroExit / OOM / Timeout never retry.
+RETRYABLE: frozenset[ErrorClass] = frozenset({ErrorClass.POD_LOST})
+
+
+class FirepoolError(Exception):
+    """Base of every typed error. ``field`` names the offending input field, when there is one."""
+
+    error_class: ErrorClass = ErrorClass.INTERNAL
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_json(self) -> dict[str, str]:
+        body = {"class": str(self.error_class), "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return body
+
+
+class UnknownField(FirepoolError):
+    error_class = ErrorClass.UNKNOWN_FIELD
+
+
+class InvalidRequest(FirepoolError):
+    error_class = ErrorClass.INVALID_REQUEST
+
+
+class Unauthorized(FirepoolError):
+    error_class = ErrorClass.UNAUTHORIZED
+
+
+class Forbidden(FirepoolError):
+    error_class = ErrorClass.FORBIDDEN
+
+
+class NotFound(FirepoolError):
+    error_class = ErrorClass.NOT_FOUND
+
+
+class Conflict(FirepoolError):
+    error_class = ErrorClass.CONFLICT
+
+
+class IdempotencyMismatch(FirepoolError):
+    error_class = ErrorClass.IDEMPOTENCY_MISMATCH
+
+
+class PackageRejected(FirepoolError):
+    error_class = ErrorClass.PACKAGE_REJECTED
+
+
+class QuotaExceeded(FirepoolError):
+    error_class = ErrorClass.QUOTA_EXCEEDED
+
+
+class Expired(FirepoolError):
+    error_class = ErrorClass.EXPIRED
+
+
+class Unavailable(FirepoolError):
+    error_class = ErrorClass.UNAVAILABLE

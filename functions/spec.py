@@ -1,0 +1,107 @@
+"""What a function is: a name bound to a pool, a content-addressed package and an entrypoint.
+
+A ``FunctionSpec`` is one registered version. Versions are immutable; registering again under
+the same name creates version ``n + 1``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from functions.errors import InvalidRequest
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """One immutable version of a function.
+
+    Exactly one of ``entrypoint`` (``module:callable``, called with the job input) and
+    ``command`` (argv run in the package directory) is set.
+    """
+
+    name: str
+    sku: str
+    package_digest: str
+    entrypoint: str | None = None
+    command: tuple[str, ...] | None = None
+    requirements_digest: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    max_retries: int = 2
+    pods: int = 1
+    single_use: bool = False
+    version: int = 0
+    created: float = 0.0
+    owner: str = ""
+
+    def validate(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise InvalidRequest(
+                "name must match [a-z0-9][a-z0-9_-]{0,62}", field="name"
+            )
+        if not DIGEST_RE.match(self.package_digest):
+            raise InvalidRequest("package_digest must be 64 hex digits", field="package_digest")
+        if self.requirements_digest is not None and not DIGEST_RE.match(self.requirements_digest):
+            raise InvalidRequest(
+                "requirements must be the sha256 of an uploaded requirements file",
+                field="requirements",
+            )
+        if (self.entrypoint is None) == (self.command is None):
+            raise InvalidRequest("give exactly one of entrypoint and command", field="entrypoint")
+        if self.entrypoint is not None and not ENTRYPOINT_RE.match(self.entrypoint):
+            raise InvalidRequest("entrypoint must look like module:callable", field="entrypoint")
+        if self.command is not None and (not self.command or not all(self.command)):
+            raise InvalidRequest("command must be a non-empty list of strings", field="command")
+        if not 0 < self.timeout_s <= 86_400:
+            raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+        if not 0 <= self.max_retries <= 10:
+            raise InvalidRequest("max_retries must be in [0, 10]", field="max_retries")
+        if not 1 <= self.pods <= 64:
+            raise InvalidRequest("pods must be in [1, 64]", field="pods")
+        for key in self.env:
+            if not isinstance(key, str) or not key:
+                raise InvalidRequest("env keys must be non-empty strings", field="env")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "sku": self.sku,
+            "package_digest": self.package_digest,
+            "entrypoint": self.entrypoint,
+            "command": list(self.command) if self.command is not None else None,
+            "requirements": self.requirements_digest,
+            "env": dict(self.env),
+            "timeout_s": self.timeout_s,
+            "max_retries": self.max_retries,
+            "pods": self.pods,
+            "single_use": self.single_use,
+            "created": self.created,
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FunctionSpec:
+        command = data.get("command")
+        return cls(
+            name=data["name"],
+            version=int(data.get("version", 0)),
+            sku=data["sku"],
+            package_digest=data["package_digest"],
+            entrypoint=data.get("entrypoint"),
+            command=tuple(command) if command is not None else None,
+            requirements_digest=data.get("requirements"),
+            env=dict(data.get("env") or {}),
+            timeout_s=float(data.get("timeout_s", 300.0)),
+            max_retries=int(data.get("max_retries", 2)),
+            pods=int(data.get("pods", 1)),
+            single_use=bool(data.get("single_use", False)),
+            created=float(data.get("created", 0.0)),
+            owner=str(data.get("owner", "")),
+        )

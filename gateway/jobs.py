@@ -1,0 +1,114 @@
+"""The job record: one invocation (the intent) and its attempts (each execution).
+
+A ``Job`` is mutated only by its owner task on the event loop and persisted through the job
+store with a compare-and-set on ``revision``. ``to_public`` is the JSON a caller sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pool_manager.states import JobState
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One execution of a job, named ``<job-id>:<n>`` at the pod agent."""
+
+    id: str
+    pods: list[str]
+    exit_code: int | None = None
+    started: float | None = None
+    finished: float | None = None
+    error: dict[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "pods": self.pods,
+            "started": self.started,
+            "finished": self.finished,
+        }
+        if self.exit_code is not None:
+            body["exit_code"] = self.exit_code
+        if self.error is not None:
+            body["error"] = self.error
+        return body
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attempt:
+        return cls(
+            id=data["id"],
+            pods=list(data["pods"]),
+            exit_code=data.get("exit_code"),
+            started=data.get("started"),
+            finished=data.get("finished"),
+            error=data.get("error"),
+        )
+
+
+@dataclass(slots=True)
+class Job:
+    """A job and everything a caller may ask about it.
+
+    Invariants: ``revision`` increases by one on every durable change; ``attempts[-1]`` is the
+    current attempt while RUNNING; ``exit_code`` is absent (None) until some process exited.
+    """
+
+    id: str
+    function: str
+    version: int
+    caller: str
+    sku: str
+    input: Any
+    state: JobState = JobState.QUEUED
+    revision: int = 0
+    lease_tag: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    timeout_s: float | None = None
+    max_retries: int = 0
+    pods_needed: int = 1
+    output: Any = None
+    error: dict[str, str] | None = None
+    exit_code: int | None = None
+    retries: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    acquisition: dict[str, str | None] | None = None
+    submitted: float = 0.0
+    started: float | None = None
+    first_instruction: float | None = None
+    finished: float | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+    def attempt_id(self) -> str:
+        return f"{self.id}:{self.retries}"
+
+    def to_public(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "function": self.function,
+            "version": self.version,
+            "caller": self.caller,
+            "sku": self.sku,
+            "state": str(self.state),
+            "lease_tag": self.lease_tag,
+            "queue": self.queue,
+            "priority": self.priority,
+            "output": self.output,
+            "error": self.error,
+            "retries": self.retries,
+            "attempts": [a.to_json() for a in self.attempts],
+            "acquisition": self.acquisition,
+            "timings": {
+                "submitted": self.submitted,
+                "started": self.started,
+                "first_instruction": self.first_instruction,
+                "finished": self.finished,
+            },
+        }
+        if self.exit_code is not None:
+            body["exit_code"] = self.exit_code
+        return body

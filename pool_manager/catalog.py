@@ -1,0 +1,127 @@
+"""The SKU catalog: one ``PoolSpec`` per hardware pool and one budget per accelerator.
+
+Read once at startup (frozen dataclasses). A catalog file is YAML::
+
+    budgets: {cpu: 16, h200: 2}          # units (CPU cores or GPUs) per accelerator
+    pools:
+      cpu:   {accelerator: cpu, units_per_pod: 1, min_count: 1, max_count: 8}
+      h200:  {accelerator: h200, units_per_pod: 1, standbys_per_active: 3}
+
+Unknown keys are rejected with the key's name, like every other input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from functions.errors import InvalidRequest, UnknownField
+
+TagMode = Literal["retire", "hint"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """One hardware pool (SKU) and its scaling knobs (paper §7, App. A.5)."""
+
+    sku: str
+    """Pool name callers and functions refer to, e.g. ``cpu`` or ``h200-1g``."""
+    accelerator: str = "cpu"
+    """Budget ledger this pool draws from: ``cpu`` (cores) or a GPU model (GPUs)."""
+    units_per_pod: int = 1
+    """GPUs (or CPU cores for ``cpu``) one pod occupies."""
+    min_count: int = 0
+    """Floor: pods kept ready at zero demand."""
+    max_idle_count: int = 2
+    """Idle cap: unheld idle pods retained past their keep-alive (never pre-created)."""
+    max_count: int = 8
+    """Ceiling: hard cap on pods (GPU groups) the pool holds, starting and held included."""
+    idle_timeout_s: float = 300.0
+    """Keep-alive: an idle pod past this may be removed by scale-down."""
+    caller_hold_s: float | None = None
+    """Owner hold after release; ``None`` inherits ``idle_timeout_s``."""
+    step: int = 4
+    """Most pods created per scaler pass."""
+    tag_mode: TagMode = "retire"
+    """``retire``: a new lease tag runs once on the old pod, which then retires.
+    ``hint``: the tag only prefers the same pod; caller and queue boundaries still apply."""
+    standbys_per_active: int = 0
+    """Zero-VRAM standby pods staged on each active pod's GPU (GPU pools only)."""
+    hold_min_tenure_s: float = 60.0
+    """Hold breaking only touches pods at least this old."""
+    preload: tuple[str, ...] = ()
+    """Modules a pod's zygote imports once (never touching CUDA); jobs fork from it."""
+    zygote: bool = True
+    """Fork each job from a warm zygote interpreter; ``False`` execs a fresh interpreter."""
+    network: bool = True
+    """Pods keep network access; ``False`` gives each pod its own empty network namespace."""
+    memory_limit_mb: int | None = None
+    """Per-job memory limit, enforced where a writable cgroup v2 exists."""
+    pids_limit: int | None = 4096
+    """Per-job process limit, enforced where a writable cgroup v2 exists."""
+    template: str = "v1"
+    """Pod template version; pods of another template are stale and retire when idle."""
+
+    @property
+    def hold_s(self) -> float:
+        return self.idle_timeout_s if self.caller_hold_s is None else self.caller_hold_s
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.accelerator != "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """All pools plus the per-accelerator budgets they share."""
+
+    pools: Mapping[str, PoolSpec]
+    budgets: Mapping[str, int] = field(default_factory=dict)
+
+    def pool(self, sku: str) -> PoolSpec:
+        try:
+            return self.pools[sku]
+        except KeyError:
+            raise InvalidRequest(f"unknown sku {sku!r}", field="sku") from None
+
+    def budget(self, accelerator: str) -> int | None:
+        """Units available to ``accelerator`` across all its pools; ``None`` = unbounded."""
+        return self.budgets.get(accelerator)
+
+    @classmethod
+    def default(cls) -> Catalog:
+        """Zero-config catalog: one CPU pool sized for a workstation."""
+        cpu = PoolSpec(sku="cpu", min_count=1, max_idle_count=2, max_count=8)
+        return cls(pools={"cpu": cpu}, budgets={"cpu": 16})
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Catalog:
+        unknown = set(data) - {"pools", "budgets"}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise UnknownField(f"unknown catalog key {name!r}", field=name)
+        known = {f.name for f in dataclasses.fields(PoolSpec)}
+        pools: dict[str, PoolSpec] = {}
+        for sku, raw in (data.get("pools") or {}).items():
+            raw = dict(raw or {})
+            bad = set(raw) - known
+            if bad:
+                name = sorted(bad)[0]
+                raise UnknownField(f"unknown key {name!r} in pool {sku!r}", field=name)
+            raw["sku"] = sku
+            if "preload" in raw:
+                raw["preload"] = tuple(raw["preload"])
+            pools[sku] = PoolSpec(**raw)
+        if not pools:
+            raise InvalidRequest("a catalog needs at least one pool", field="pools")
+        budgets = {str(k): int(v) for k, v in (data.get("budgets") or {}).items()}
+        return cls(pools=pools, budgets=budgets)
+
+    @classmethod
+    def load(cls, path: Path) -> Catalog:
+        return cls.from_mapping(yaml.safe_load(path.read_text()) or {})
