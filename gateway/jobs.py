@@ -83,8 +83,10 @@ class Job:
     idempotency_key: str | None = None
     request_hash: str | None = None
 
-    def attempt_id(self) -> str:
-        return f"{self.id}:{self.retries}"
+    def next_attempt_id(self) -> str:
+        """Attempt ids are ``<job-id>:<n>``, n counting every launch, so a re-queued attempt
+        can never be confused with an earlier one at the agent."""
+        return f"{self.id}:{len(self.attempts)}"
 
     def to_public(self) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -1,0 +1,95 @@
+"""Content-addressed package stores.
+
+A package (a code zip or a requirements file) is stored once under its sha256 digest. Stores
+verify the digest before anything becomes visible, so a reader never sees a half-written or
+mismatching blob: the local store writes to a temporary file and renames it into place.
+
+``LocalPackageStore`` keeps blobs in a directory and hands pods HMAC-signed, expiring URLs that
+the gateway serves (the local analogue of S3 presigned URLs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+from functions.errors import Expired, Forbidden, InvalidRequest, PackageRejected
+from functions.packaging import MAX_PACKAGE_BYTES
+from functions.spec import DIGEST_RE
+
+
+def _check_digest_syntax(digest: str) -> None:
+    if not DIGEST_RE.match(digest):
+        raise InvalidRequest("a package digest is 64 lowercase hex digits", field="sha256")
+
+
+class UrlSigner:
+    """HMAC-SHA256 signatures over ``digest|expiry``; constant-time verification."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def sign(self, digest: str, expires: int) -> str:
+        msg = f"{digest}|{expires}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+    def verify(self, digest: str, expires: int, signature: str, now: float) -> None:
+        if not hmac.compare_digest(self.sign(digest, expires), signature):
+            raise Forbidden("bad package URL signature")
+        if now > expires:
+            raise Expired("package URL expired")
+
+
+class LocalPackageStore:
+    """Blobs under ``root/<aa>/<digest>``; safe for concurrent writers of the same digest."""
+
+    def __init__(self, root: Path, signer: UrlSigner, base_url: str, ttl_s: int = 900) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.signer = signer
+        self.base_url = base_url.rstrip("/")
+        self.ttl_s = ttl_s
+
+    def path(self, digest: str) -> Path:
+        _check_digest_syntax(digest)
+        return self.root / digest[:2] / digest
+
+    def exists(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def put(self, digest: str, data: bytes) -> bool:
+        """Store ``data`` under ``digest`` if it matches; return whether it was new."""
+        target = self.path(digest)
+        if len(data) > MAX_PACKAGE_BYTES:
+            raise PackageRejected(f"package is {len(data)} bytes; the cap is {MAX_PACKAGE_BYTES}")
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise PackageRejected(f"body sha256 is {actual}, not {digest}")
+        if target.is_file():
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return True
+
+    def read(self, digest: str) -> bytes:
+        return self.path(digest).read_bytes()
+
+    def url(self, digest: str, now: float | None = None) -> str:
+        """A signed URL a pod can fetch ``digest`` from until ``now + ttl_s``."""
+        expires = int((time.time() if now is None else now) + self.ttl_s)
+        query = urlencode({"exp": expires, "sig": self.signer.sign(digest, expires)})
+        return f"{self.base_url}/v1/blobs/{digest}?{query}"

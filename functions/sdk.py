@@ -1,0 +1,174 @@
+"""Python SDK: deploy packages and functions, invoke them, follow jobs.
+
+    from functions.sdk import Client
+    fp = Client("http://127.0.0.1:8080", token)
+    fp.deploy("examples/verifier", name="verify", sku="cpu", entrypoint="verifier:verify")
+    job = fp.invoke("verify", {"code": "...", "tests": "..."}, lease_tag="episode-1")
+
+Every non-2xx answer raises ``ApiError`` carrying the server's typed error class. The client
+keeps one HTTP connection pool; use it as a context manager or call ``close()``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from functions.packaging import package_digest, sha256_hex
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error_class: str, message: str, field: str | None = None):
+        super().__init__(f"{status} {error_class}: {message}")
+        self.status = status
+        self.error_class = error_class
+        self.message = message
+        self.field = field
+
+
+class Client:
+    def __init__(self, url: str, token: str, timeout: float = 120.0) -> None:
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), timeout=timeout,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(
+        self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
+        headers: dict[str, str] | None = None, params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        if json is not None:
+            content = orjson.dumps(json)
+            headers = {**(headers or {}), "Content-Type": "application/json"}
+        resp = self._http.request(method, path, content=content, headers=headers, params=params)
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+                raise ApiError(resp.status_code, err["class"], err["message"], err.get("field"))
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(resp.status_code, "HTTPError", resp.text[:500]) from None
+        return resp
+
+    # -- packages and functions ---------------------------------------------------------
+    def upload(self, data: bytes) -> str:
+        """Upload bytes content-addressed (skipped when the server has them); return digest."""
+        digest = sha256_hex(data)
+        head = self._http.head(f"/v1/packages/{digest}")
+        if head.status_code != 200:
+            self._request("PUT", f"/v1/packages/{digest}", content=data,
+                          headers={"Content-Type": "application/zip"})
+        return digest
+
+    def deploy(
+        self, directory: str | Path, *, name: str, sku: str, entrypoint: str | None = None,
+        command: list[str] | None = None, requirements: str | Path | None = None,
+        env: dict[str, str] | None = None, timeout_s: float = 300.0, max_retries: int = 2,
+        pods: int = 1, single_use: bool = False,
+    ) -> dict[str, Any]:
+        digest, data = package_digest(Path(directory))
+        self.upload(data)
+        body: dict[str, Any] = {
+            "name": name, "sku": sku, "package_digest": digest, "timeout_s": timeout_s,
+            "max_retries": max_retries, "pods": pods, "single_use": single_use,
+        }
+        if entrypoint is not None:
+            body["entrypoint"] = entrypoint
+        if command is not None:
+            body["command"] = command
+        if requirements is not None:
+            body["requirements"] = self.upload(Path(requirements).read_bytes())
+        if env:
+            body["env"] = env
+        result: dict[str, Any] = self._request("POST", "/v1/functions", json=body).json()
+        return result
+
+    def functions(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/v1/functions").json()["functions"])
+
+    # -- jobs ---------------------------------------------------------------------------
+    @staticmethod
+    def _invoke_body(
+        input: Any, lease_tag: str | None, queue: str | None, priority: int | None,
+        timeout_s: float | None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"input": input}
+        for key, value in (("lease_tag", lease_tag), ("queue", queue), ("priority", priority),
+                           ("timeout_s", timeout_s)):
+            if value is not None:
+                body[key] = value
+        return body
+
+    def invoke(
+        self, name: str, input: Any = None, *, lease_tag: str | None = None,
+        queue: str | None = None, priority: int | None = None, timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Run ``name`` and return its job record once it ends (waits past the server's cap)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        resp = self._request(
+            "POST", f"/v1/functions/{name}:invoke",
+            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s), headers=headers,
+        )
+        body: dict[str, Any] = resp.json()
+        if resp.status_code == 202:
+            return self.wait(body["job_id"])
+        return body
+
+    def submit(
+        self, name: str, input: Any = None, *, lease_tag: str | None = None,
+        queue: str | None = None, priority: int | None = None, timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        resp = self._request(
+            "POST", f"/v1/functions/{name}/jobs",
+            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s), headers=headers,
+        )
+        body = resp.json()
+        return str(body.get("job_id") or body["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()
+        return result
+
+    def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params = {"limit": str(limit)}
+        if state:
+            params["state"] = state
+        return list(self._request("GET", "/v1/jobs", params=params).json()["jobs"])
+
+    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 0.05) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job["state"] in TERMINAL or time.monotonic() > deadline:
+                return job
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 1.0)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{job_id}").json()
+        return result
+
+    def logs(self, job_id: str, follow: bool = False) -> httpx.Response:
+        return self._request("GET", f"/v1/jobs/{job_id}/logs",
+                             params={"follow": "1"} if follow else None)
+
+    def pools(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/v1/pools").json()
+        return result

@@ -1,0 +1,115 @@
+"""HTTP client for pod agents (the protocol of docs/architecture.md §1).
+
+One aiohttp session per pod endpoint (unix socket or TCP), created lazily and closed when the
+pod goes away. Every transport failure surfaces as ``AgentUnreachable``; the caller decides
+whether that means the pod is lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+class AgentUnreachable(Exception):
+    """The agent did not answer (connection refused, reset, timed out)."""
+
+
+def _json_dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+class AgentClient:
+    """Talks to pod agents. Use from the event loop only."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, tuple[aiohttp.ClientSession, str]] = {}
+
+    def _session(self, endpoint: str) -> tuple[aiohttp.ClientSession, str]:
+        entry = self._sessions.get(endpoint)
+        if entry is not None:
+            return entry
+        if endpoint.startswith("unix:"):
+            connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=endpoint[5:])
+            base = "http://pod"
+        elif endpoint.startswith("tcp:"):
+            connector = aiohttp.TCPConnector(limit=0)
+            base = "http://" + endpoint[4:]
+        else:
+            raise ValueError(f"unknown agent endpoint {endpoint!r}")
+        session = aiohttp.ClientSession(
+            connector=connector, json_serialize=_json_dumps, skip_auto_headers=("User-Agent",)
+        )
+        self._sessions[endpoint] = (session, base)
+        return session, base
+
+    async def _call(
+        self, method: str, endpoint: str, path: str, *, body: Any = None, timeout: float = 10.0
+    ) -> tuple[int, Any]:
+        session, base = self._session(endpoint)
+        data = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        try:
+            async with session.request(
+                method, base + path, data=data, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                raw = await resp.read()
+                return resp.status, (orjson.loads(raw) if raw else None)
+        except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
+            raise AgentUnreachable(f"{endpoint}{path}: {exc!r}") from exc
+
+    async def health(self, endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        try:
+            status, body = await self._call("GET", endpoint, "/healthz", timeout=timeout)
+        except AgentUnreachable:
+            return None
+        return body if status == 200 and isinstance(body, dict) else None
+
+    async def start(
+        self, endpoint: str, spec: dict[str, Any], timeout: float
+    ) -> tuple[int, dict[str, Any]]:
+        status, body = await self._call("POST", endpoint, "/attempts", body=spec, timeout=timeout)
+        return status, body if isinstance(body, dict) else {}
+
+    async def result(
+        self, endpoint: str, attempt_id: str, wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        status, body = await self._call(
+            "GET", endpoint, f"/attempts/{attempt_id}?wait={wait_s}", timeout=wait_s + 10.0
+        )
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise AgentUnreachable(f"{endpoint}: result answered {status}")
+        return body
+
+    async def cancel(self, endpoint: str, attempt_id: str) -> None:
+        await self._call("DELETE", endpoint, f"/attempts/{attempt_id}")
+
+    async def ack(self, endpoint: str, attempt_id: str) -> None:
+        await self._call("DELETE", endpoint, f"/attempts/{attempt_id}/result")
+
+    async def logs(self, endpoint: str, attempt_id: str, offset: int = 0) -> dict[str, Any] | None:
+        status, body = await self._call(
+            "GET", endpoint, f"/attempts/{attempt_id}/logs?offset={offset}"
+        )
+        return body if status == 200 and isinstance(body, dict) else None
+
+    async def reset(self, endpoint: str, timeout: float = 30.0) -> dict[str, Any]:
+        status, body = await self._call("POST", endpoint, "/reset", body={}, timeout=timeout)
+        if status != 200 or not isinstance(body, dict):
+            return {"clean": False, "reason": f"reset answered HTTP {status}"}
+        return body
+
+    async def forget(self, endpoint: str) -> None:
+        entry = self._sessions.pop(endpoint, None)
+        if entry is not None:
+            await entry[0].close()
+
+    async def close(self) -> None:
+        for session, _ in self._sessions.values():
+            await session.close()
+        self._sessions.clear()

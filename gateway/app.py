@@ -1,0 +1,324 @@
+"""The HTTP API (DESIGN.md "The public interface"): Starlette routes, JSON via orjson.
+
+Handlers only authenticate, decode strictly, call the broker and shape the answer; every
+``FirepoolError`` is turned into a status and a typed JSON body in one exception handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from functions.errors import FirepoolError, InvalidRequest, NotFound, PackageRejected
+from functions.spec import FunctionSpec
+from gateway.auth import Principal, Role
+from gateway.broker import Broker, request_digest
+from gateway.decoding import Field, decode, string_map
+from gateway.errors import error_body, http_status
+from gateway.metrics import render_metrics
+from gateway.openapi import OPENAPI
+from gateway.package_check import check_package
+from pool_manager.states import TERMINAL_JOB_STATES, JobState
+
+INVOKE_FIELDS = {
+    "input": Field((object,)),
+    "lease_tag": Field((str,)),
+    "queue": Field((str,), default="default"),
+    "priority": Field((int,), default=0),
+    "timeout_s": Field((float,)),
+}
+FUNCTION_FIELDS = {
+    "name": Field((str,), required=True),
+    "sku": Field((str,), required=True),
+    "package_digest": Field((str,), required=True),
+    "entrypoint": Field((str,)),
+    "command": Field((list,)),
+    "requirements": Field((str,)),
+    "env": Field((dict,)),
+    "timeout_s": Field((float,), default=300.0),
+    "max_retries": Field((int,), default=2),
+    "pods": Field((int,), default=1),
+    "single_use": Field((bool,), default=False),
+}
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
+    broker: Broker = request.app.state.broker
+    principal = broker.auth.authenticate(request.headers.get("authorization"))
+    principal.require(role)
+    return principal
+
+
+def _broker(request: Request) -> Broker:
+    broker: Broker = request.app.state.broker
+    return broker
+
+
+# -- packages ---------------------------------------------------------------------------
+async def put_package(request: Request) -> Response:
+    broker = _broker(request)
+    _principal(request, Role.DEPLOY)
+    digest = request.path_params["sha256"]
+    if request.method == "HEAD":
+        return Response(status_code=200 if broker.packages.exists(digest) else 404)
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith("application/zip"):
+        await asyncio.to_thread(check_package, body)
+    created = await asyncio.to_thread(broker.packages.put, digest, body)
+    await broker.jobs.put_package(digest, len(body))
+    return JSONResponse({"digest": digest, "size": len(body), "created": created},
+                        status_code=201 if created else 200)
+
+
+async def get_blob(request: Request) -> Response:
+    """Serve a package to a pod; the signed URL is the credential (no bearer token)."""
+    broker = _broker(request)
+    digest = request.path_params["sha256"]
+    try:
+        expires = int(request.query_params.get("exp", ""))
+    except ValueError:
+        raise InvalidRequest("missing or bad exp", field="exp") from None
+    broker.packages.signer.verify(digest, expires, request.query_params.get("sig", ""),
+                                  time.time())
+    path = broker.packages.path(digest)
+    if not path.is_file():
+        raise NotFound(f"no package {digest}")
+    return FileResponse(path, media_type="application/zip")
+
+
+# -- functions --------------------------------------------------------------------------
+async def create_function(request: Request) -> Response:
+    broker = _broker(request)
+    principal = _principal(request, Role.DEPLOY)
+    body = decode(await request.body(), FUNCTION_FIELDS)
+    command = body["command"]
+    if command is not None and not all(isinstance(c, str) for c in command):
+        raise InvalidRequest("command must be a list of strings", field="command")
+    spec = FunctionSpec(
+        name=body["name"], sku=body["sku"], package_digest=body["package_digest"],
+        entrypoint=body["entrypoint"], command=tuple(command) if command is not None else None,
+        requirements_digest=body["requirements"], env=string_map("env", body["env"]),
+        timeout_s=body["timeout_s"], max_retries=body["max_retries"], pods=body["pods"],
+        single_use=body["single_use"], owner=principal.caller,
+    )
+    stored = await broker.register_function(spec)
+    return JSONResponse(stored.to_json(), status_code=201)
+
+
+async def list_functions(request: Request) -> Response:
+    _principal(request)
+    specs = await _broker(request).jobs.list_functions()
+    return JSONResponse({"functions": [s.to_json() for s in specs]})
+
+
+async def function_target(request: Request) -> Response:
+    broker = _broker(request)
+    target: str = request.path_params["target"]
+    if request.method == "POST":
+        if not target.endswith(":invoke"):
+            raise NotFound(f"no route POST /v1/functions/{target}")
+        return await _invoke(request, target[: -len(":invoke")], sync=True)
+    if request.method == "DELETE":
+        _principal(request, Role.DEPLOY)
+        if not await broker.delete_function(target):
+            raise NotFound(f"no function named {target!r}")
+        return JSONResponse({"deleted": target})
+    _principal(request)
+    return JSONResponse((await broker.latest_function(target)).to_json())
+
+
+async def submit_job(request: Request) -> Response:
+    return await _invoke(request, request.path_params["name"], sync=False)
+
+
+async def _invoke(request: Request, name: str, sync: bool) -> Response:
+    broker = _broker(request)
+    if not broker.accepting:
+        from functions.errors import Unavailable
+
+        raise Unavailable("the broker is shutting down")
+    principal = _principal(request)
+    raw = await request.body()
+    body = decode(raw, INVOKE_FIELDS)
+    if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= 86400:
+        raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+    key = request.headers.get("idempotency-key")
+    digest = request_digest(name, raw) if key else None
+    job, _created = await broker.submit(principal, name, body, key, digest)
+    if sync and job.state not in TERMINAL_JOB_STATES:
+        wait_s = broker.settings.sync_wait_s
+        done = await broker.dispatcher.wait(job.id, wait_s)
+        job = done or job
+    if sync and job.state in TERMINAL_JOB_STATES:
+        return JSONResponse(job.to_public(), status_code=200)
+    return JSONResponse(
+        {"job_id": job.id, "state": str(job.state)}, status_code=202,
+        headers={"Location": f"/v1/jobs/{job.id}"},
+    )
+
+
+# -- jobs -------------------------------------------------------------------------------
+async def _visible_job(request: Request) -> tuple[Broker, Principal, Any]:
+    broker = _broker(request)
+    principal = _principal(request)
+    job = await broker.get_job(request.path_params["job_id"])
+    if job is None or (job.caller != principal.caller and not principal.is_admin):
+        raise NotFound(f"no job {request.path_params['job_id']}")
+    return broker, principal, job
+
+
+async def job_route(request: Request) -> Response:
+    broker, _principal_, job = await _visible_job(request)
+    if request.method == "DELETE":
+        job = await broker.dispatcher.cancel(job)
+    return JSONResponse(job.to_public())
+
+
+async def list_jobs(request: Request) -> Response:
+    broker = _broker(request)
+    principal = _principal(request)
+    state = request.query_params.get("state")
+    states = None
+    if state:
+        try:
+            states = [JobState(state.upper())]
+        except ValueError:
+            raise InvalidRequest(f"unknown state {state!r}", field="state") from None
+    caller = None if principal.is_admin else principal.caller
+    try:
+        limit = min(int(request.query_params.get("limit", "100")), 1000)
+    except ValueError:
+        raise InvalidRequest("limit must be an integer", field="limit") from None
+    jobs = await broker.jobs.list_jobs(caller=caller, states=states, limit=limit)
+    return JSONResponse({"jobs": [j.to_public() for j in jobs]})
+
+
+async def job_logs(request: Request) -> Response:
+    broker, _p, job = await _visible_job(request)
+    follow = request.query_params.get("follow") in ("1", "true")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        offset = 0
+        while True:
+            current = await broker.get_job(job.id)
+            text = await asyncio.to_thread(broker.logs.read, job.id, offset)
+            if text:
+                offset += len(text.encode())
+                yield text.encode()
+            if not follow or current is None or current.state in TERMINAL_JOB_STATES:
+                if follow and current is not None and not text:
+                    with contextlib.suppress(Exception):
+                        final = await asyncio.to_thread(broker.logs.read, job.id, offset)
+                        if final:
+                            yield final.encode()
+                return
+            await asyncio.sleep(0.25)
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
+# -- operations -------------------------------------------------------------------------
+async def pools(request: Request) -> Response:
+    broker = _broker(request)
+    _principal(request, Role.ADMIN)
+    return JSONResponse(pool_report(broker))
+
+
+def pool_report(broker: Broker) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    queued: dict[str, int] = {}
+    for job in broker.dispatcher.queued():
+        queued[job.sku] = queued.get(job.sku, 0) + job.pods_needed
+    now = broker.clock()
+    for sku, pool in broker.catalog.pools.items():
+        pods = [p for p in broker.tracker.pods() if p.sku == sku]
+        by_state: dict[str, int] = {}
+        for p in pods:
+            key = f"{p.state}:{p.role}"
+            by_state[key] = by_state.get(key, 0) + 1
+        out[sku] = {
+            "accelerator": pool.accelerator,
+            "pods": by_state,
+            "held": sum(1 for p in pods if p.hold_until is not None and p.hold_until > now
+                        and str(p.state) == "IDLE"),
+            "queued": queued.get(sku, 0),
+            "floor": pool.min_count,
+            "ceiling": pool.max_count,
+            "idle_cap": pool.max_idle_count,
+        }
+    return {"pools": out, "budgets": broker.ledger.report()}
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"ok": True})
+
+
+async def readyz(request: Request) -> Response:
+    ready = _broker(request).ready
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(render_metrics(_broker(request)), media_type="text/plain; version=0.0.4")
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(OPENAPI)
+
+
+async def firepool_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, FirepoolError)
+    return JSONResponse(error_body(exc), status_code=http_status(exc))
+
+
+async def too_large(request: Request, exc: Exception) -> Response:
+    return JSONResponse(error_body(PackageRejected(str(exc))), status_code=413)
+
+
+def create_app(broker: Broker) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await broker.start()
+        try:
+            yield
+        finally:
+            await broker.stop()
+
+    routes = [
+        Route("/v1/packages/{sha256}", put_package, methods=["PUT", "HEAD"]),
+        Route("/v1/blobs/{sha256}", get_blob, methods=["GET"]),
+        Route("/v1/functions", create_function, methods=["POST"]),
+        Route("/v1/functions", list_functions, methods=["GET"]),
+        Route("/v1/functions/{name}/jobs", submit_job, methods=["POST"]),
+        Route("/v1/functions/{target}", function_target, methods=["GET", "DELETE", "POST"]),
+        Route("/v1/jobs", list_jobs, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", job_route, methods=["GET", "DELETE"]),
+        Route("/v1/jobs/{job_id}/logs", job_logs, methods=["GET"]),
+        Route("/v1/pools", pools, methods=["GET"]),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        Route("/openapi.json", openapi),
+    ]
+    app = Starlette(
+        routes=routes, lifespan=lifespan,
+        exception_handlers={FirepoolError: firepool_error},
+    )
+    app.state.broker = broker
+    return app

@@ -1,0 +1,105 @@
+"""Bearer-token authentication: HS256 JWTs signed with a key kept in the state directory.
+
+Validation checks the algorithm allowlist, ``exp``, ``aud`` and ``sub``; validated tokens are
+cached (cachetools) until they expire, so a hit costs a dict lookup. The caller identity is the
+token's ``sub``, never a body field.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import jwt
+from cachetools import TTLCache
+
+from functions.errors import Forbidden, Unauthorized
+
+ALGORITHMS = ["HS256"]
+
+
+class Role(StrEnum):
+    INVOKE = "invoke"
+    DEPLOY = "deploy"
+    ADMIN = "admin"
+
+
+_RANK = {Role.INVOKE: 0, Role.DEPLOY: 1, Role.ADMIN: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    caller: str
+    role: Role
+    expires: float
+
+    def require(self, role: Role) -> None:
+        if _RANK[self.role] < _RANK[role]:
+            raise Forbidden(f"this route needs the {role} role; the token has {self.role}")
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+
+def load_or_create_key(path: Path) -> bytes:
+    """Read the signing key, creating it (0600) on first use."""
+    if path.exists():
+        return bytes.fromhex(path.read_text().strip())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_bytes(32)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(key.hex())
+    tmp.chmod(0o600)
+    tmp.replace(path)
+    return key
+
+
+class Authenticator:
+    """Mints and validates tokens. Thread-safe; the cache has its own lock."""
+
+    def __init__(self, key: bytes, audience: str = "firepool", cache_size: int = 4096) -> None:
+        self._key = key
+        self._audience = audience
+        self._cache: TTLCache[str, Principal] = TTLCache(maxsize=cache_size, ttl=300)
+        self._lock = threading.Lock()
+
+    def mint(self, caller: str, role: Role = Role.INVOKE, ttl_s: int = 86400) -> str:
+        now = int(time.time())
+        claims = {"sub": caller, "role": str(role), "aud": self._audience, "iat": now,
+                  "exp": now + ttl_s}
+        return jwt.encode(claims, self._key, algorithm="HS256")
+
+    def authenticate(self, header: str | None) -> Principal:
+        if not header or not header.startswith("Bearer "):
+            raise Unauthorized("missing bearer token")
+        token = header[7:].strip()
+        now = time.time()
+        with self._lock:
+            cached = self._cache.get(token)
+        if cached is not None and cached.expires > now:
+            return cached
+        try:
+            claims = jwt.decode(
+                token, self._key, algorithms=ALGORITHMS, audience=self._audience,
+                options={"require": ["exp", "sub", "aud"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise Unauthorized("token expired") from None
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"invalid token: {exc}") from None
+        try:
+            role = Role(claims.get("role", "invoke"))
+        except ValueError:
+            raise Unauthorized(f"unknown role {claims.get('role')!r}") from None
+        sub = claims["sub"]
+        if not isinstance(sub, str) or not sub:
+            raise Unauthorized("token subject must be a non-empty string")
+        principal = Principal(caller=sub, role=role, expires=float(claims["exp"]))
+        with self._lock:
+            self._cache[token] = principal
+        return principal

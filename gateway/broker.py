@@ -1,0 +1,200 @@
+"""Composition root: builds the broker's parts from ``Settings`` and runs them.
+
+Startup order (paper A.1): open the store (schema checked) → rebuild the tracker from the
+backend's pods and the store (recovery) → start the dispatcher. Shutdown (the uvicorn way):
+stop intake, drain running jobs for ``drain_s``, cancel the rest; pods keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from functions.errors import InvalidRequest, NotFound
+from functions.package_store import LocalPackageStore, UrlSigner
+from functions.spec import FunctionSpec
+from gateway.agent_client import AgentClient
+from gateway.auth import Authenticator, Principal, load_or_create_key
+from gateway.dispatcher import Dispatcher
+from gateway.executor import Executor
+from gateway.jobs import Job
+from gateway.lifecycle import LogArchive, PodRecycler
+from gateway.package_check import check_package
+from gateway.pods import PodManager
+from gateway.recovery import recover
+from gateway.settings import Settings
+from gateway.store import JobStore, open_store
+from pool_manager.backends.base import PodBackend
+from pool_manager.backends.local import LocalBackend
+from pool_manager.budgets import BudgetLedger
+from pool_manager.catalog import Catalog
+from pool_manager.states import JobState
+from pool_manager.tracker import Tracker
+
+log = logging.getLogger("firepool.broker")
+
+
+def new_job_id() -> str:
+    """Time-ordered, unguessable: 12 hex digits of milliseconds + 12 random hex digits."""
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+class Broker:
+    def __init__(self, settings: Settings, backend: PodBackend | None = None) -> None:
+        self.settings = settings
+        home = settings.home
+        home.mkdir(parents=True, exist_ok=True)
+        self.catalog = (
+            Catalog.load(settings.catalog_path) if settings.catalog_path else Catalog.default()
+        )
+        key = load_or_create_key(home / "signing.key")
+        self.auth = Authenticator(key, settings.audience, settings.token_cache_size)
+        self.packages = LocalPackageStore(
+            home / "packages", UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
+            settings.resolved_public_url, settings.package_url_ttl_s,
+        )
+        self.backend: PodBackend = backend or LocalBackend(home / "pods", sandbox=settings.sandbox)
+        self.tracker = Tracker(self.catalog)
+        self.ledger = BudgetLedger(self.catalog)
+        self.agents = AgentClient()
+        self.logs = LogArchive(home / "logs")
+        self.clock = time.time
+        self.counters: Counter[str] = Counter()
+        self._latest: dict[str, FunctionSpec] = {}
+        self.store: JobStore | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.ready = False
+        self.accepting = True
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        assert self._dispatcher is not None, "broker not started"
+        return self._dispatcher
+
+    @property
+    def jobs(self) -> JobStore:
+        assert self.store is not None, "broker not started"
+        return self.store
+
+    async def start(self) -> None:
+        self.store = await open_store(self.settings.resolved_store_url)
+        pods = PodManager(
+            self.backend, self.tracker, self.catalog, self.agents, self.clock,
+            on_change=self._wake, ready_timeout_s=self.settings.pod_ready_timeout_s,
+        )
+        self.pods = pods
+        recycler = PodRecycler(self.tracker, pods, self.agents, self.logs, self.clock, self._wake)
+        self.recycler = recycler
+        executor = Executor(self.agents, pods.endpoints, self.packages.url)
+        self._dispatcher = Dispatcher(
+            self.store, self.tracker, self.ledger, pods, executor, recycler,
+            self.function_version, self.clock,
+            tick_s=self.settings.dispatch_tick_s, reconcile_s=self.settings.reconcile_s,
+        )
+        await recover(self)
+        self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
+        self.ready = True
+
+    def _wake(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
+    async def stop(self) -> None:
+        self.accepting = False
+        self.ready = False
+        if self._dispatcher is not None:
+            await self.dispatcher.stop(self.settings.drain_s)
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._dispatcher is not None:
+            await self.recycler.drain()
+            await self.pods.drain()
+        await self.agents.close()
+        await self.backend.close()
+        if self.store is not None:
+            await self.store.close()
+
+    # -- functions ----------------------------------------------------------------------
+    async def function_version(self, name: str, version: int) -> FunctionSpec | None:
+        key = (name, version)
+        spec = self.dispatcher.specs.get(key)
+        if spec is None:
+            spec = await self.jobs.get_function(name, version)
+            if spec is not None:
+                self.dispatcher.specs[key] = spec
+        return spec
+
+    async def latest_function(self, name: str) -> FunctionSpec:
+        spec = self._latest.get(name)
+        if spec is None:
+            spec = await self.jobs.get_function(name)
+            if spec is None:
+                raise NotFound(f"no function named {name!r}")
+            self._latest[name] = spec
+            self.dispatcher.specs[(spec.name, spec.version)] = spec
+        return spec
+
+    async def register_function(self, spec: FunctionSpec) -> FunctionSpec:
+        spec.validate()
+        self.catalog.pool(spec.sku)
+        if not self.packages.exists(spec.package_digest):
+            raise InvalidRequest(
+                "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
+            )
+        data = await asyncio.to_thread(self.packages.read, spec.package_digest)
+        await asyncio.to_thread(check_package, data)
+        if spec.requirements_digest and not self.packages.exists(spec.requirements_digest):
+            raise InvalidRequest("upload the requirements file first", field="requirements")
+        stored = await self.jobs.put_function(spec)
+        self._latest[stored.name] = stored
+        self.dispatcher.specs[(stored.name, stored.version)] = stored
+        return stored
+
+    async def delete_function(self, name: str) -> bool:
+        self._latest.pop(name, None)
+        return await self.jobs.delete_function(name)
+
+    # -- jobs ---------------------------------------------------------------------------
+    async def submit(
+        self,
+        principal: Principal,
+        name: str,
+        body: dict[str, Any],
+        idempotency_key: str | None,
+        request_hash: str | None,
+    ) -> tuple[Job, bool]:
+        spec = await self.latest_function(name)
+        job = Job(
+            id=new_job_id(), function=spec.name, version=spec.version, caller=principal.caller,
+            sku=spec.sku, input=body["input"], state=JobState.QUEUED,
+            lease_tag=body["lease_tag"], queue=body["queue"], priority=body["priority"],
+            timeout_s=body["timeout_s"], max_retries=spec.max_retries, pods_needed=spec.pods,
+            submitted=self.clock(), idempotency_key=idempotency_key, request_hash=request_hash,
+        )
+        stored, created = await self.jobs.submit(job)
+        if created:
+            self.counters["jobs_submitted"] += 1
+            self.dispatcher.enqueue(stored)
+        return stored, created
+
+    async def get_job(self, job_id: str) -> Job | None:
+        live = self.dispatcher.live.get(job_id)
+        if live is not None:
+            return live
+        return await self.jobs.get_job(job_id)
+
+
+def request_digest(name: str, body: bytes) -> str:
+    return hashlib.sha256(name.encode() + b"\0" + body).hexdigest()
+
+
+def state_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

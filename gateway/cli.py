@@ -1,0 +1,202 @@
+"""The ``firepool`` command: serve the broker, mint tokens, and act as a client.
+
+Client commands read ``FIREPOOL_URL`` (default http://127.0.0.1:8080) and ``FIREPOOL_TOKEN``;
+state lives under ``FIREPOOL_HOME`` (default ./.firepool). Every command exits non-zero with
+the server's typed error on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from functions.sdk import ApiError, Client
+from gateway.auth import Authenticator, Role, load_or_create_key
+from gateway.settings import Settings
+
+
+def _print(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _client(args: argparse.Namespace) -> Client:
+    token = args.token or os.environ.get("FIREPOOL_TOKEN")
+    if not token:
+        raise SystemExit("set FIREPOOL_TOKEN (mint one with `firepool token --caller NAME`)")
+    return Client(args.url or os.environ.get("FIREPOOL_URL", "http://127.0.0.1:8080"), token)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.broker import Broker
+
+    settings = Settings.from_env(host=args.host, port=args.port)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = create_app(Broker(settings))
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                access_log=False, loop="uvloop", http="httptools",
+                timeout_graceful_shutdown=int(settings.drain_s))
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
+    print(auth.mint(args.caller, Role(args.role), ttl_s=args.ttl))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from gateway.store import migrate
+
+    settings = Settings.from_env()
+    migrate(settings.resolved_store_url)
+    print(f"migrated {settings.resolved_store_url}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        env = dict(kv.split("=", 1) for kv in args.env or [])
+        _print(fp.deploy(args.dir, name=args.name, sku=args.sku, entrypoint=args.entrypoint,
+                         command=args.command, requirements=args.requirements, env=env,
+                         timeout_s=args.timeout, pods=args.pods, single_use=args.single_use))
+    return 0
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    try:
+        payload = orjson.loads(args.input)
+    except orjson.JSONDecodeError as exc:
+        raise SystemExit(f"--input is not JSON: {exc}") from None
+    with _client(args) as fp:
+        if args.async_:
+            print(fp.submit(args.name, payload, lease_tag=args.tag, queue=args.queue))
+        else:
+            job = fp.invoke(args.name, payload, lease_tag=args.tag, queue=args.queue)
+            _print(job)
+            return 0 if job["state"] == "SUCCEEDED" else 1
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        _print(fp.job(args.id) if args.id else fp.jobs(state=args.state, limit=args.limit))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        sys.stdout.write(fp.logs(args.id, follow=args.follow).text)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        _print(fp.cancel(args.id))
+    return 0
+
+
+def cmd_functions(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        _print(fp.functions())
+    return 0
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    with _client(args) as fp:
+        _print(fp.pools())
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pool_manager.simulator.cli import main as simulate_main
+
+    return simulate_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="firepool", description=__doc__.split("\n")[0])
+    p.add_argument("--url", help="gateway URL (FIREPOOL_URL)")
+    p.add_argument("--token", help="bearer token (FIREPOOL_TOKEN)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the broker")
+    s.add_argument("--host", default=None)
+    s.add_argument("--port", type=int, default=None)
+    s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("token", help="mint a bearer token (printed as the last line)")
+    s.add_argument("--caller", required=True)
+    s.add_argument("--role", default="invoke", choices=[r.value for r in Role])
+    s.add_argument("--ttl", type=int, default=30 * 86400, help="lifetime in seconds")
+    s.set_defaults(fn=cmd_token)
+
+    s = sub.add_parser("migrate", help="bring the job store schema to the current version")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("deploy", help="package DIR and register a function version")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--name", required=True)
+    s.add_argument("--sku", required=True)
+    s.add_argument("--entrypoint")
+    s.add_argument("--command", nargs="+")
+    s.add_argument("--requirements", type=Path)
+    s.add_argument("--env", action="append", metavar="KEY=VALUE")
+    s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--pods", type=int, default=1)
+    s.add_argument("--single-use", action="store_true")
+    s.set_defaults(fn=cmd_deploy)
+
+    s = sub.add_parser("invoke", help="invoke a function")
+    s.add_argument("name")
+    s.add_argument("--input", default="null", help="JSON input")
+    s.add_argument("--tag", help="lease tag (reuse session)")
+    s.add_argument("--queue")
+    s.add_argument("--async", dest="async_", action="store_true", help="print the job id")
+    s.set_defaults(fn=cmd_invoke)
+
+    s = sub.add_parser("jobs", help="list jobs, or show one")
+    s.add_argument("id", nargs="?")
+    s.add_argument("--state")
+    s.add_argument("--limit", type=int, default=20)
+    s.set_defaults(fn=cmd_jobs)
+
+    s = sub.add_parser("logs", help="print a job's logs")
+    s.add_argument("id")
+    s.add_argument("--follow", action="store_true")
+    s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("cancel", help="cancel a job")
+    s.add_argument("id")
+    s.set_defaults(fn=cmd_cancel)
+
+    sub.add_parser("functions", help="list functions").set_defaults(fn=cmd_functions)
+    sub.add_parser("pools", help="pool status (admin)").set_defaults(fn=cmd_pools)
+
+    s = sub.add_parser("simulate", help="run the virtual-time simulator", add_help=False)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_simulate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except ApiError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

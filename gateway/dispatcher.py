@@ -1,0 +1,293 @@
+"""The dispatcher: queued jobs → claimed pods → durable RUNNING commit → launch → completion.
+
+Each pass, woken by submit, release or pod-ready (a tick only as a fallback):
+  1. Observe: nothing to poll; backend and agent events were folded into the tracker as they
+     arrived (pod ready, pod gone, release).
+  2. Claim: take queued jobs in priority order and claim each job's full pod set from the
+     tracker in one step. A job that cannot be placed is skipped, so smaller jobs behind it
+     proceed, and it becomes demand.
+  3. Scale: hand the demand to the scaler (pure) and carry out its creates/deletes.
+Then, per claimed job, off the pass: commit QUEUED→RUNNING (version-checked; a failed commit
+returns the pods), launch through the executor, record the outcome, reset and release pods.
+
+No user code runs before the RUNNING commit. Concurrency: one event loop; tracker calls never
+span an ``await``; each job is mutated only by the task that currently owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from functions.errors import RETRYABLE, ErrorClass
+from functions.spec import FunctionSpec
+from gateway.executor import Executor, Outcome
+from gateway.jobs import Attempt, Job
+from gateway.lifecycle import PodRecycler
+from gateway.pods import PodManager
+from gateway.store import JobStore, StaleRevision
+from pool_manager.budgets import BudgetLedger
+from pool_manager.model import ClaimRequest, Lease
+from pool_manager.scaler import plan
+from pool_manager.states import TERMINAL_JOB_STATES, JobState
+from pool_manager.tracker import Tracker
+
+log = logging.getLogger("firepool.dispatcher")
+
+
+class Dispatcher:
+    """Owns the in-memory queue and every live (queued or running) job."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        tracker: Tracker,
+        ledger: BudgetLedger,
+        pods: PodManager,
+        executor: Executor,
+        recycler: PodRecycler,
+        functions: Callable[[str, int], Coroutine[Any, Any, FunctionSpec | None]],
+        clock: Callable[[], float],
+        tick_s: float = 3.0,
+        reconcile_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.tracker = tracker
+        self.ledger = ledger
+        self.pods = pods
+        self.executor = executor
+        self.recycler = recycler
+        self.functions = functions
+        self.clock = clock
+        self.tick_s = tick_s
+        self.reconcile_s = reconcile_s
+        self.live: dict[str, Job] = {}
+        self._queue: list[Job] = []
+        self._queue_dirty = False
+        self._waiters: dict[str, list[asyncio.Future[Job]]] = {}
+        self._cancel_requested: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_reconcile = 0.0
+        self._stopping = False
+        self.specs: dict[tuple[str, int], FunctionSpec] = {}
+
+    # -- intake -------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def enqueue(self, job: Job) -> None:
+        self.live[job.id] = job
+        self._queue.append(job)
+        self._queue_dirty = True
+        self.wake()
+
+    def queued(self) -> list[Job]:
+        return list(self._queue)
+
+    async def wait(self, job_id: str, timeout: float) -> Job | None:
+        """The job once terminal, or None if ``timeout`` passes first."""
+        job = self.live.get(job_id)
+        if job is None:
+            return None
+        fut: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(job_id, []).append(fut)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._waiters.get(job_id)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._waiters[job_id]
+
+    def _resolve(self, job: Job) -> None:
+        self.live.pop(job.id, None)
+        for fut in self._waiters.pop(job.id, []):
+            if not fut.done():
+                fut.set_result(job)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the loop -----------------------------------------------------------------------
+    async def run(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.dispatch_pass()
+            except Exception:
+                log.exception("dispatch pass failed")
+
+    def dispatch_pass(self) -> None:
+        now = self.clock()
+        if self._queue_dirty:
+            self._queue.sort(key=lambda j: (-j.priority, j.submitted))
+            self._queue_dirty = False
+        demand: list[ClaimRequest] = []
+        waiting: list[Job] = []
+        for job in self._queue:
+            spec = self.specs.get((job.function, job.version))
+            req = ClaimRequest(
+                job_id=job.id, caller=job.caller, sku=job.sku, lease_tag=job.lease_tag,
+                queue=job.queue, pods=job.pods_needed,
+                single_use=spec.single_use if spec is not None else False,
+                queued_at=job.submitted,
+            )
+            claim = self.tracker.claim(req, now)
+            if isinstance(claim, Lease):
+                self._spawn(self._start(job, claim))
+            else:
+                demand.append(req)
+                waiting.append(job)
+        self._queue = waiting
+        if demand or now >= self._next_reconcile:
+            self._next_reconcile = now + self.reconcile_s
+            for delete in self.tracker.expire(now):
+                self.pods.apply(delete)
+            for action in plan(self.tracker.snapshot(now), demand, now, self.ledger):
+                self.pods.apply(action)
+
+    # -- one job ------------------------------------------------------------------------
+    async def _start(self, job: Job, lease: Lease) -> None:
+        now = self.clock()
+        spec = self.specs.get((job.function, job.version))
+        if spec is None:
+            spec = await self.functions(job.function, job.version)
+        revision = job.revision
+        attempt = Attempt(id=job.next_attempt_id(), pods=list(lease.pods), started=now)
+        job.state = JobState.RUNNING
+        job.attempts.append(attempt)
+        job.acquisition = {"path": lease.path, "reason": lease.reason}
+        if job.started is None:
+            job.started = now
+        try:
+            if spec is None:
+                raise LookupError(f"function {job.function} v{job.version} is gone")
+            await self.store.update(job, revision)
+        except Exception as exc:
+            # No user code ran: give the pods back exactly as they were.
+            self.tracker.unclaim(job.id, self.clock())
+            job.attempts.pop()
+            job.state = JobState.QUEUED
+            if isinstance(exc, StaleRevision) or job.id in self._cancel_requested:
+                log.info("job %s changed under the dispatcher (%s); not started", job.id, exc)
+                await self._reload(job)
+            else:
+                await self._fail_before_start(job, revision, exc)
+            self.wake()
+            return
+        self.tracker.launched(job.id, self.clock())
+        if job.id in self._cancel_requested:
+            outcome = Outcome(state="cancelled", finished=self.clock(),
+                              error={"class": str(ErrorClass.CANCELLED),
+                                     "message": "cancelled before launch"})
+        else:
+            outcome = await self.executor.run(job, spec, list(lease.pods), attempt.id)
+        await self.finish(job, lease.pods, outcome)
+
+    async def _fail_before_start(self, job: Job, revision: int, exc: Exception) -> None:
+        job.state = JobState.FAILED
+        job.error = {"class": str(ErrorClass.NOT_FOUND), "message": str(exc)}
+        job.finished = self.clock()
+        try:
+            await self.store.update(job, revision)
+        except Exception:
+            log.exception("could not record the failure of job %s", job.id)
+        self._resolve(job)
+
+    async def _reload(self, job: Job) -> None:
+        fresh = await self.store.get_job(job.id)
+        if fresh is None or fresh.state in TERMINAL_JOB_STATES:
+            self._resolve(fresh or job)
+        else:
+            self.live[job.id] = fresh
+            self._queue.append(fresh)
+            self._queue_dirty = True
+
+    async def finish(self, job: Job, pods: tuple[str, ...] | list[str], outcome: Outcome) -> None:
+        """Record an attempt's outcome, then reset and release its pods off the caller's path."""
+        attempt = job.attempts[-1]
+        attempt.exit_code = outcome.exit_code
+        attempt.started = outcome.started or attempt.started
+        attempt.finished = outcome.finished or self.clock()
+        attempt.error = outcome.error
+        error_class = (outcome.error or {}).get("class")
+        revision = job.revision
+        cancelled = outcome.state == "cancelled" or job.id in self._cancel_requested
+        retry = (
+            not cancelled
+            and outcome.state != "succeeded"
+            and error_class is not None
+            and ErrorClass(error_class) in RETRYABLE
+            and job.retries < job.max_retries
+        )
+        if outcome.first_instruction is not None and job.first_instruction is None:
+            job.first_instruction = outcome.first_instruction
+        if outcome.exit_code is not None:
+            job.exit_code = outcome.exit_code
+        if retry:
+            job.state = JobState.QUEUED
+            job.retries += 1
+        else:
+            job.state = (
+                JobState.SUCCEEDED if outcome.state == "succeeded"
+                else JobState.CANCELLED if cancelled else JobState.FAILED
+            )
+            job.output = outcome.output
+            job.error = outcome.error
+            if cancelled and job.error is None:
+                job.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled"}
+            job.finished = attempt.finished
+        try:
+            await self.store.update(job, revision)
+        except Exception:
+            log.exception("could not record the outcome of job %s", job.id)
+        self.recycler.recycle(job.id, job.caller, list(pods), attempt.id, outcome.lost_pods)
+        if retry:
+            self._queue.append(job)
+            self._queue_dirty = True
+            self.wake()
+        else:
+            self._cancel_requested.discard(job.id)
+            self._resolve(job)
+
+    async def cancel(self, job: Job) -> Job:
+        """Cancel a queued or running job; terminal jobs are returned unchanged."""
+        if job.state in TERMINAL_JOB_STATES:
+            return job
+        live = self.live.get(job.id, job)
+        self._cancel_requested.add(job.id)
+        if live in self._queue:
+            self._queue.remove(live)
+            revision = live.revision
+            live.state = JobState.CANCELLED
+            live.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled by caller"}
+            live.finished = self.clock()
+            await self.store.update(live, revision)
+            self._cancel_requested.discard(job.id)
+            self._resolve(live)
+            return live
+        if live.state is JobState.RUNNING and live.attempts:
+            await self.executor.cancel(live.attempts[-1].pods, live.attempts[-1].id)
+        return live
+
+    async def stop(self, drain_s: float) -> None:
+        self._stopping = True
+        self.wake()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=drain_s)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,186 @@
+"""Runs one attempt on the pods of a lease through their agents (paper A.1 step 5, A.2).
+
+For a single pod the attempt is one request that returns when the job ends (``wait: true``);
+a gang starts every rank first, then waits for all of them, and rank 0's result is the job's.
+Rank and rendezvous variables go in ``system_env``, which the agent applies after the user's
+filtered env, so a user cannot override them. An agent that stops answering makes the attempt
+``PodLost`` (retryable); everything else is the function's own outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from functions.errors import ErrorClass
+from functions.spec import FunctionSpec
+from gateway.agent_client import AgentClient, AgentUnreachable
+from gateway.jobs import Job
+
+GRACE_S = 30.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt ended with."""
+
+    state: str  # succeeded | failed | cancelled
+    output: Any = None
+    error: dict[str, str] | None = None
+    exit_code: int | None = None
+    started: float | None = None
+    first_instruction: float | None = None
+    finished: float | None = None
+    lost_pods: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_agent(cls, body: Mapping[str, Any]) -> Outcome:
+        return cls(
+            state=str(body.get("state", "failed")),
+            output=body.get("output"),
+            error=body.get("error"),
+            exit_code=body.get("exit_code"),
+            started=body.get("started"),
+            first_instruction=body.get("first_instruction"),
+            finished=body.get("finished"),
+        )
+
+    @classmethod
+    def pod_lost(cls, pods: list[str], message: str) -> Outcome:
+        return cls(
+            state="failed",
+            error={"class": str(ErrorClass.POD_LOST), "message": message},
+            finished=time.time(),
+            lost_pods=pods,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Executor:
+    def __init__(
+        self,
+        agents: AgentClient,
+        endpoints: Mapping[str, str],
+        package_url: Callable[[str], str],
+    ) -> None:
+        self.agents = agents
+        self.endpoints = endpoints
+        self.package_url = package_url
+
+    def attempt_spec(
+        self, job: Job, spec: FunctionSpec, attempt_id: str, rank: int, world: int, port: int
+    ) -> dict[str, Any]:
+        system_env = {
+            "FIREPOOL_CALLER": job.caller,
+            "FIREPOOL_JOB_ID": job.id,
+            "FIREPOOL_ATTEMPT_ID": attempt_id,
+            "FIREPOOL_FUNCTION": f"{spec.name}:{spec.version}",
+        }
+        if world > 1:
+            system_env.update(
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                WORLD_SIZE=str(world), LOCAL_RANK="0",
+            )
+        requirements = None
+        if spec.requirements_digest is not None:
+            requirements = {
+                "url": self.package_url(spec.requirements_digest),
+                "digest": spec.requirements_digest,
+            }
+        return {
+            "attempt_id": attempt_id,
+            "package": {"url": self.package_url(spec.package_digest),
+                        "digest": spec.package_digest},
+            "entrypoint": spec.entrypoint,
+            "command": list(spec.command) if spec.command is not None else None,
+            "input": job.input,
+            "env": dict(spec.env),
+            "system_env": system_env,
+            "requirements": requirements,
+            "timeout_s": job.timeout_s or spec.timeout_s,
+            "wait": world == 1,
+        }
+
+    async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
+        timeout = (job.timeout_s or spec.timeout_s) + GRACE_S
+        world = len(pods)
+        port = _free_port() if world > 1 else 0
+        specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]
+        if world == 1:
+            return await self._run_one(pods[0], specs[0], timeout)
+        return await self._run_gang(pods, specs, timeout)
+
+    async def _run_one(self, pod: str, spec: dict[str, Any], timeout: float) -> Outcome:
+        endpoint = self.endpoints.get(pod)
+        if endpoint is None:
+            return Outcome.pod_lost([pod], f"pod {pod} has no endpoint")
+        try:
+            status, body = await self.agents.start(endpoint, spec, timeout)
+        except AgentUnreachable as exc:
+            return Outcome.pod_lost([pod], str(exc))
+        if status != 200:
+            return Outcome.pod_lost([pod], f"agent refused the attempt: HTTP {status} {body}")
+        return Outcome.from_agent(body)
+
+    async def _run_gang(self, pods: list[str], specs: list[dict[str, Any]], timeout: float) -> Outcome:
+        started: list[str] = []
+        for pod, spec in zip(pods, specs, strict=True):
+            endpoint = self.endpoints.get(pod)
+            try:
+                if endpoint is None:
+                    raise AgentUnreachable(f"pod {pod} has no endpoint")
+                status, body = await self.agents.start(endpoint, spec, 10.0)
+                if status not in (200, 202):
+                    raise AgentUnreachable(f"agent refused: HTTP {status} {body}")
+                started.append(pod)
+            except AgentUnreachable as exc:
+                await self.cancel(started, spec["attempt_id"])
+                return Outcome.pod_lost([pod], f"launch failed on {pod}: {exc}")
+        waits = [self.wait(p, specs[0]["attempt_id"], timeout) for p in pods]
+        results = await asyncio.gather(*waits)
+        lost = [p for p, r in zip(pods, results, strict=True) if r.lost_pods]
+        if lost:
+            await self.cancel(pods, specs[0]["attempt_id"])
+            return Outcome.pod_lost(lost, f"rank pods lost: {lost}")
+        rank0 = results[0]
+        failed = next((r for r in results if r.state != "succeeded"), None)
+        if rank0.state == "succeeded" and failed is not None:
+            rank0.state, rank0.error = failed.state, failed.error
+        return rank0
+
+    async def wait(self, pod: str, attempt_id: str, timeout: float) -> Outcome:
+        """Wait for an attempt already running on ``pod`` (gang ranks, re-attach on restart)."""
+        endpoint = self.endpoints.get(pod)
+        if endpoint is None:
+            return Outcome.pod_lost([pod], f"pod {pod} has no endpoint")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                body = await self.agents.result(endpoint, attempt_id, wait_s=20.0)
+            except AgentUnreachable as exc:
+                return Outcome.pod_lost([pod], str(exc))
+            if body is None:
+                return Outcome.pod_lost([pod], f"agent on {pod} does not know {attempt_id}")
+            if body.get("state") != "running":
+                return Outcome.from_agent(body)
+            if loop.time() > deadline:
+                return Outcome.pod_lost([pod], f"{attempt_id} outlived its timeout")
+
+    async def cancel(self, pods: list[str], attempt_id: str) -> None:
+        for pod in pods:
+            endpoint = self.endpoints.get(pod)
+            if endpoint is not None:
+                try:
+                    await self.agents.cancel(endpoint, attempt_id)
+                except AgentUnreachable:
+                    pass

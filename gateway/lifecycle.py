@@ -1,0 +1,139 @@
+"""After an attempt: keep its logs, reset its pods, release them to the tracker.
+
+Runs off the caller's path: the job's outcome is already committed and its waiters answered.
+A pod is released only after its agent reports a verified-clean reset; a pod that is lost or
+reports unclean is released as unclean, which retires it, and is deleted, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from gateway.agent_client import AgentClient, AgentUnreachable
+from gateway.pods import PodManager
+from pool_manager.tracker import Tracker
+
+log = logging.getLogger("firepool.lifecycle")
+
+
+class LogArchive:
+    """Per-job log files under ``root`` (kept for the result-retention period)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, job_id: str) -> Path:
+        return self.root / f"{job_id}.log"
+
+    def append(self, job_id: str, text: str) -> None:
+        if text:
+            with self.path(job_id).open("a", encoding="utf-8") as f:
+                f.write(text)
+
+    def read(self, job_id: str, offset: int = 0) -> str | None:
+        path = self.path(job_id)
+        if not path.exists():
+            return None
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+
+
+class PodRecycler:
+    def __init__(
+        self,
+        tracker: Tracker,
+        pods: PodManager,
+        agents: AgentClient,
+        logs: LogArchive,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.tracker = tracker
+        self.pods = pods
+        self.agents = agents
+        self.logs = logs
+        self.clock = clock
+        self.on_change = on_change
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def recycle(
+        self, job_id: str, caller: str, pods: list[str], attempt_id: str, lost: list[str]
+    ) -> None:
+        self._spawn(self._recycle(job_id, caller, pods, attempt_id, set(lost)))
+
+    async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
+        offset = 0
+        for _ in range(1000):  # bounded: logs are capped at the agent
+            chunk = await self.agents.logs(endpoint, attempt_id, offset)
+            if not chunk or not chunk.get("data"):
+                return
+            await asyncio.to_thread(self.logs.append, job_id, str(chunk["data"]))
+            offset = int(chunk.get("offset", offset + len(chunk["data"])))
+
+    async def _reset_one(self, job_id: str, pod: str, attempt_id: str, rank0: bool) -> bool:
+        endpoint = self.pods.endpoints.get(pod)
+        if endpoint is None:
+            return False
+        try:
+            if rank0:
+                await self._keep_logs(job_id, endpoint, attempt_id)
+            await self.agents.ack(endpoint, attempt_id)
+            report = await self.agents.reset(endpoint)
+        except AgentUnreachable as exc:
+            log.warning("pod %s unreachable during reset: %s", pod, exc)
+            return False
+        if not report.get("clean"):
+            log.warning("pod %s reset unclean: %s", pod, report.get("reason"))
+            return False
+        return True
+
+    async def _recycle(
+        self, job_id: str, caller: str, pods: list[str], attempt_id: str, lost: set[str]
+    ) -> None:
+        results = await asyncio.gather(
+            *(
+                self._reset_one(job_id, pod, attempt_id, rank == 0)
+                for rank, pod in enumerate(pods)
+                if pod not in lost
+            )
+        )
+        clean = not lost and all(results)
+        now = self.clock()
+        for release in self.tracker.release(job_id, clean, now):
+            if release.retire:
+                self.pods.delete(release.name, release.reason)
+            else:
+                pod = self.tracker.get(release.name)
+                if pod is not None:
+                    self.pods.annotate(release.name, ownership_annotations(pod))
+        self.on_change()
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def ownership_annotations(pod: Any) -> dict[str, str | None]:
+    """What a restarted broker needs to restore a pod's owner hold (paper A.1, A.3)."""
+
+    def fmt(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    return {
+        "firepool/owner": fmt(pod.owner),
+        "firepool/tag": fmt(pod.tag),
+        "firepool/queue": fmt(pod.queue),
+        "firepool/released-at": fmt(pod.released_at),
+        "firepool/hold-until": fmt(pod.hold_until),
+    }

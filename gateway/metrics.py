@@ -1,0 +1,42 @@
+"""Prometheus text exposition of the broker's counters and pool gauges."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+
+def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
+    if labels:
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return f"{name}{{{inner}}} {value}"
+    return f"{name} {value}"
+
+
+def render_metrics(broker: Broker) -> str:
+    lines = [
+        "# HELP firepool_jobs_total Jobs by event (submitted, or finished by state).",
+        "# TYPE firepool_jobs_total counter",
+    ]
+    for key, value in sorted(broker.counters.items()):
+        if key.startswith("jobs_"):
+            lines.append(_line("firepool_jobs_total", value, {"event": key[5:]}))
+    lines += [
+        "# HELP firepool_acquisitions_total Claims by acquisition path.",
+        "# TYPE firepool_acquisitions_total counter",
+    ]
+    for key, value in sorted(broker.counters.items()):
+        if key.startswith("path_"):
+            lines.append(_line("firepool_acquisitions_total", value, {"path": key[5:]}))
+    lines += ["# HELP firepool_pods Pods by pool, state and role.", "# TYPE firepool_pods gauge"]
+    counts: dict[tuple[str, str, str], int] = {}
+    for pod in broker.tracker.pods():
+        key = (pod.sku, str(pod.state), pod.role)
+        counts[key] = counts.get(key, 0) + 1
+    for (sku, state, role), n in sorted(counts.items()):
+        lines.append(_line("firepool_pods", n, {"pool": sku, "state": state, "role": role}))
+    lines += ["# HELP firepool_queued_jobs Jobs waiting for pods.", "# TYPE firepool_queued_jobs gauge"]
+    lines.append(_line("firepool_queued_jobs", len(broker.dispatcher.queued())))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""The pod lifecycle shell: carries out the control plane's create/delete decisions.
+
+The tracker decides; this module does the I/O. Creates are recorded in the tracker (STARTING)
+*before* the backend call is awaited, so the next scaler pass counts them as supply and never
+issues them twice; a failed create is reported back (``pod_gone``) and its budget released.
+Readiness is probed over the agent protocol; a pod that never answers is deleted.
+
+Concurrency: everything runs on the event loop; the tracker's own lock is held only inside its
+methods, never across an ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from gateway.agent_client import AgentClient
+from pool_manager.backends.base import PodBackend
+from pool_manager.catalog import Catalog
+from pool_manager.model import CreatePod, DeletePod, PodInfo
+from pool_manager.tracker import Tracker
+
+log = logging.getLogger("firepool.pods")
+
+
+class PodManager:
+    def __init__(
+        self,
+        backend: PodBackend,
+        tracker: Tracker,
+        catalog: Catalog,
+        agents: AgentClient,
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.backend = backend
+        self.tracker = tracker
+        self.catalog = catalog
+        self.agents = agents
+        self.clock = clock
+        self.on_change = on_change
+        self.ready_timeout_s = ready_timeout_s
+        self.endpoints: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._deleting: set[str] = set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def apply(self, action: CreatePod | DeletePod) -> None:
+        if isinstance(action, CreatePod):
+            name = f"{action.sku}-{secrets.token_hex(4)}"
+            pool = self.catalog.pool(action.sku)
+            now = self.clock()
+            self.tracker.add_pod(
+                PodInfo(name=name, sku=action.sku, created=now, role=action.role,
+                        gpu=action.gpu, template=pool.template),
+                now,
+            )
+            self._spawn(self._create(name, action))
+        else:
+            self.delete(action.name, action.reason)
+
+    async def _create(self, name: str, action: CreatePod) -> None:
+        pool = self.catalog.pool(action.sku)
+        try:
+            pod = await self.backend.create(name, pool, role=action.role, gpu=action.gpu)
+        except Exception as exc:
+            log.warning("create of pod %s failed: %r", name, exc)
+            self.tracker.pod_gone(name, self.clock())
+            self.on_change()
+            return
+        self.endpoints[name] = pod.endpoint
+        if await self.wait_ready(name, pod.endpoint):
+            self.tracker.pod_ready(name, self.clock())
+            self.on_change()
+        else:
+            log.warning("pod %s never became ready; deleting it", name)
+            self.delete(name, "never became ready")
+
+    async def wait_ready(self, name: str, endpoint: str) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        delay = 0.005
+        while loop.time() < deadline:
+            if name in self._deleting:
+                return False
+            if await self.agents.health(endpoint, timeout=1.0) is not None:
+                return True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        return False
+
+    def delete(self, name: str, reason: str) -> None:
+        if name in self._deleting:
+            return
+        self._deleting.add(name)
+        self._spawn(self._delete(name, reason))
+
+    async def _delete(self, name: str, reason: str) -> None:
+        log.info("deleting pod %s: %s", name, reason)
+        endpoint = self.endpoints.pop(name, None)
+        if endpoint is not None:
+            await self.agents.forget(endpoint)
+        try:
+            await self.backend.delete(name)
+        finally:
+            self._deleting.discard(name)
+            self.tracker.pod_gone(name, self.clock())
+            self.on_change()
+
+    def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Persist ownership annotations; best-effort, off the job's path."""
+        self._spawn(self._annotate(name, annotations))
+
+    async def _annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        try:
+            await self.backend.annotate(name, annotations)
+        except Exception as exc:  # best-effort by design (paper A.1 step 4)
+            log.warning("annotating pod %s failed: %r", name, exc)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

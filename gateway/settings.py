@@ -1,0 +1,70 @@
+"""Broker settings: one frozen dataclass, read once at startup from the environment/CLI.
+
+No other module reads ``os.environ`` for configuration; they receive a ``Settings``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every knob of the broker process."""
+
+    home: Path = Path(".firepool")
+    """State directory: job store, signing key, packages, local pods, logs (FIREPOOL_HOME)."""
+    host: str = "127.0.0.1"
+    """Address the HTTP API binds to."""
+    port: int = 8080
+    """Port the HTTP API binds to."""
+    store_url: str | None = None
+    """SQLAlchemy URL of the job store (FIREPOOL_STORE_URL); default: SQLite in ``home``."""
+    catalog_path: Path | None = None
+    """YAML pool catalog (FIREPOOL_CATALOG); default: one CPU pool."""
+    public_url: str | None = None
+    """Base URL pods use to reach the gateway (signed package URLs); default http://host:port."""
+    token_ttl_s: int = 30 * 86400
+    """Lifetime of tokens minted by ``firepool token``."""
+    token_cache_size: int = 4096
+    """Validated tokens kept in memory (validation is skipped on a hit until the token expires)."""
+    sync_wait_s: float = 60.0
+    """Longest a sync invoke waits before answering 202 with the job id."""
+    package_url_ttl_s: int = 900
+    """Lifetime of the signed package URLs handed to pods."""
+    dispatch_tick_s: float = 3.0
+    """Fallback dispatcher tick; submit, release and pod-ready wake it immediately."""
+    reconcile_s: float = 5.0
+    """Scaler pass interval when nothing is queued (scale-down, floors, hold expiry)."""
+    pod_ready_timeout_s: float = 60.0
+    """A pod whose agent does not answer within this is deleted."""
+    sandbox: bool | None = None
+    """Run local pods under bubblewrap: None = when available, False = never."""
+    drain_s: float = 10.0
+    """On shutdown: stop intake, wait this long for running jobs, then cancel."""
+    max_body_bytes: int = 512 * 1024 * 1024
+    """Largest request body accepted (package uploads)."""
+    audience: str = "firepool"
+    """JWT ``aud`` required on every token."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{(self.home / 'jobs.db').resolve()}"
+
+    @property
+    def resolved_public_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        env = os.environ
+        base = cls(
+            home=Path(env.get("FIREPOOL_HOME", ".firepool")),
+            store_url=env.get("FIREPOOL_STORE_URL") or None,
+            catalog_path=Path(env["FIREPOOL_CATALOG"]) if env.get("FIREPOOL_CATALOG") else None,
+            public_url=env.get("FIREPOOL_PUBLIC_URL") or None,
+        )
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

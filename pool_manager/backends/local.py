@@ -1,0 +1,182 @@
+"""Local pod backend: each pod is a ``pod_runtime`` agent process on this machine.
+
+Every pod gets a directory ``root/<name>/`` holding its workspace, caches, the agent's unix
+socket and ``pod.json`` (labels and annotations, written atomically), and runs in its own
+session so it outlives the broker, like a Kubernetes pod outlives its controller. ``list``
+rebuilds the backend's view from the ``pod.json`` files after a restart.
+
+Concurrency: methods run on the broker's event loop; the slow parts (spawning, killing,
+removing trees) run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pod_runtime.launch import agent_command
+from pool_manager.backends.base import BackendPod
+from pool_manager.catalog import PoolSpec
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (PID 1 here reaps orphans slowly)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+class LocalBackend:
+    """Pods as local agent processes under ``root``."""
+
+    def __init__(self, root: Path, python: str = sys.executable, sandbox: bool | None = None):
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.python = python
+        self.sandbox = sandbox
+        self._children: set[int] = set()
+
+    def _reap(self) -> None:
+        """Collect exit statuses of agents we spawned that have exited (no zombies)."""
+        for pid in list(self._children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._children.discard(pid)
+
+    def _meta_path(self, name: str) -> Path:
+        return self.root / name / "pod.json"
+
+    def _write_meta(self, name: str, meta: Mapping[str, object]) -> None:
+        path = self._meta_path(name)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, sort_keys=True))
+        os.replace(tmp, path)
+
+    def _read_meta(self, name: str) -> dict[str, object] | None:
+        try:
+            data = json.loads(self._meta_path(name).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _spawn(self, name: str, pool: PoolSpec, role: str, gpu: str | None) -> BackendPod:
+        pod_dir = self.root / name
+        if pod_dir.exists():
+            raise ValueError(f"pod {name} already exists")
+        pod_dir.mkdir(parents=True)
+        socket = pod_dir / "agent.sock"
+        argv = agent_command(
+            pod_name=name, pod_dir=pod_dir, listen=f"unix:{socket}", python=self.python,
+            preload=pool.preload, zygote=pool.zygote, network=pool.network, role=role,
+            gpu_uuids=(gpu,) if gpu else (), sandbox=self.sandbox,
+        )
+        created = time.time()
+        meta: dict[str, object] = {
+            "name": name, "sku": pool.sku, "role": role, "gpu": gpu, "created": created,
+            "template": pool.template, "endpoint": f"unix:{socket}", "annotations": {},
+        }
+        self._write_meta(name, meta)
+        # posix_spawn rather than Popen: the pod must outlive us, and a Popen handle we never
+        # wait on would be reported as leaked. Our own children are reaped in ``_reap``.
+        pid = os.posix_spawnp(
+            argv[0], argv, dict(os.environ),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, str(pod_dir / "agent.log"),
+                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,
+        )
+        self._children.add(pid)
+        meta["pid"] = pid
+        self._write_meta(name, meta)
+        return BackendPod(
+            name=name, sku=pool.sku, role=role, created=created, endpoint=f"unix:{socket}",
+            gpu=gpu, template=pool.template,
+        )
+
+    async def create(
+        self, name: str, pool: PoolSpec, role: str = "active", gpu: str | None = None
+    ) -> BackendPod:
+        return await asyncio.to_thread(self._spawn, name, pool, role, gpu)
+
+    def _kill(self, name: str) -> None:
+        meta = self._read_meta(name) or {}
+        pid = meta.get("pid")
+        if isinstance(pid, int) and pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                self._reap()
+                if not pid_alive(pid):
+                    break
+                time.sleep(0.005)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            self._reap()
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(self._kill, name)
+
+    def _list(self) -> list[BackendPod]:
+        self._reap()
+        pods = []
+        for entry in sorted(self.root.iterdir()):
+            meta = self._read_meta(entry.name) if entry.is_dir() else None
+            if meta is None:
+                continue
+            pid = meta.get("pid")
+            annotations = meta.get("annotations") or {}
+            pods.append(
+                BackendPod(
+                    name=str(meta["name"]), sku=str(meta["sku"]), role=str(meta["role"]),
+                    created=float(meta["created"]),  # type: ignore[arg-type]
+                    endpoint=str(meta["endpoint"]),
+                    alive=isinstance(pid, int) and pid_alive(pid),
+                    gpu=meta.get("gpu") if isinstance(meta.get("gpu"), str) else None,  # type: ignore[arg-type]
+                    template=str(meta.get("template", "v1")),
+                    annotations=dict(annotations) if isinstance(annotations, dict) else {},
+                )
+            )
+        return pods
+
+    async def list(self) -> list[BackendPod]:
+        return await asyncio.to_thread(self._list)
+
+    def _annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        meta = self._read_meta(name)
+        if meta is None:
+            return
+        current = dict(meta.get("annotations") or {})  # type: ignore[call-overload]
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        meta["annotations"] = current
+        self._write_meta(name, meta)
+
+    async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        await asyncio.to_thread(self._annotate, name, annotations)
+
+    async def close(self) -> None:
+        # Pods outlive the broker; only reap the ones that already exited.
+        self._reap()

@@ -1,0 +1,21 @@
+"""Functions whose behaviour the broker tests observe (deployed as a package)."""
+
+import os
+import time
+
+
+def fail(request):
+    raise ValueError(f"bad input: {request!r}")
+
+
+def exit3(request):
+    os._exit(3)
+
+
+def sleep(request):
+    time.sleep(float(request))
+    return "slept"
+
+
+def whoami(request):
+    return {"caller": os.environ.get("FIREPOOL_CALLER"), "pid": os.getpid()}

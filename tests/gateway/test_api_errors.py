@@ -1,0 +1,155 @@
+"""Bad input gets a 4xx with a typed error, and nothing half-written (issue 2, paper A.6)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import stat
+import zipfile
+
+import httpx
+import jwt
+import pytest
+
+from gateway.auth import Role
+from tests.conftest import BrokerServer
+
+
+def _zip(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for info, data in entries:
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def _symlink_zip() -> bytes:
+    link = zipfile.ZipInfo("evil")
+    link.create_system = 3
+    link.external_attr = (stat.S_IFLNK | 0o777) << 16
+    return _zip([("ok.py", b"x = 1\n"), (link, b"/etc/passwd")])
+
+
+def _http(server: BrokerServer, caller: str = "err-user", role: Role = Role.INVOKE) -> httpx.Client:
+    return httpx.Client(base_url=server.url,
+                        headers={"Authorization": f"Bearer {server.token(caller, role)}"})
+
+
+def test_an_unknown_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
+    with _http(broker_server) as http:
+        resp = http.post("/v1/functions/noop:invoke", json={"input": 1, "lease_tga": "x"})
+    assert resp.status_code == 400
+    assert resp.json()["error"] == {
+        "class": "UnknownField", "message": "unknown field 'lease_tga'", "field": "lease_tga"}
+
+
+def test_a_wrongly_typed_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
+    with _http(broker_server) as http:
+        resp = http.post("/v1/functions/noop:invoke", json={"input": 1, "priority": "high"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["field"] == "priority"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer", "Bearer not-a-jwt", "Basic abc"])
+def test_a_missing_or_malformed_token_is_Unauthorized(
+    broker_server: BrokerServer, header: str | None
+) -> None:
+    headers = {"Authorization": header} if header else {}
+    resp = httpx.post(f"{broker_server.url}/v1/functions/noop:invoke", json={"input": 1},
+                      headers=headers)
+    assert resp.status_code == 401
+    assert resp.json()["error"]["class"] == "Unauthorized"
+
+
+def test_an_expired_token_is_Unauthorized(broker_server: BrokerServer) -> None:
+    token = broker_server.auth.mint("late", Role.INVOKE, ttl_s=-10)
+    resp = httpx.get(f"{broker_server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+    assert resp.status_code == 401
+    assert "expired" in resp.json()["error"]["message"]
+
+
+def test_a_forged_token_is_Unauthorized(broker_server: BrokerServer) -> None:
+    forged = jwt.encode({"sub": "mallory", "aud": "firepool", "exp": 2**31, "role": "admin"},
+                        b"0" * 32, algorithm="HS256")
+    none_alg = jwt.encode({"sub": "mallory", "aud": "firepool", "exp": 2**31}, None,
+                          algorithm="none")
+    for token in (forged, none_alg):
+        resp = httpx.get(f"{broker_server.url}/v1/pools",
+                         headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 401, token
+
+
+def test_an_invoke_token_cannot_deploy_or_read_pools(broker_server: BrokerServer) -> None:
+    with _http(broker_server) as http:
+        assert http.get("/v1/pools").status_code == 403
+        resp = http.post("/v1/functions", json={"name": "x", "sku": "cpu",
+                                                "package_digest": "0" * 64})
+    assert resp.status_code == 403
+    assert resp.json()["error"]["class"] == "Forbidden"
+
+
+def test_an_unknown_function_is_NotFound(broker_server: BrokerServer) -> None:
+    with _http(broker_server) as http:
+        resp = http.post("/v1/functions/no-such-fn:invoke", json={"input": 1})
+    assert resp.status_code == 404
+    assert resp.json()["error"]["class"] == "NotFound"
+
+
+def test_another_callers_job_is_invisible(broker_server: BrokerServer) -> None:
+    with broker_server.client("owner-1") as fp:
+        job = fp.invoke("noop", 1)
+    with _http(broker_server, "snooper") as http:
+        resp = http.get(f"/v1/jobs/{job['id']}")
+    assert resp.status_code == 404
+
+
+def test_a_package_whose_bytes_do_not_match_the_digest_is_rejected_and_not_stored(
+    broker_server: BrokerServer,
+) -> None:
+    data = _zip([("a.py", b"x = 1\n")])
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    with _http(broker_server, role=Role.DEPLOY) as http:
+        resp = http.put(f"/v1/packages/{wrong}", content=data,
+                        headers={"Content-Type": "application/zip"})
+        assert resp.status_code == 422
+        assert resp.json()["error"]["class"] == "PackageRejected"
+        assert http.head(f"/v1/packages/{wrong}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "archive",
+    [
+        _zip([("../escape.py", b"x")]),
+        _zip([("/abs.py", b"x")]),
+        _zip([("a\\..\\b.py", b"x")]),
+        _symlink_zip(),
+        b"this is not a zip",
+    ],
+    ids=["dotdot", "absolute", "backslash", "symlink", "not-a-zip"],
+)
+def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
+    broker_server: BrokerServer, archive: bytes
+) -> None:
+    digest = hashlib.sha256(archive).hexdigest()
+    with _http(broker_server, role=Role.DEPLOY) as http:
+        resp = http.put(f"/v1/packages/{digest}", content=archive,
+                        headers={"Content-Type": "application/zip"})
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["error"]["class"] == "PackageRejected"
+        assert http.head(f"/v1/packages/{digest}").status_code == 404
+        reg = http.post("/v1/functions", json={"name": "evil", "sku": "cpu",
+                                               "package_digest": digest, "entrypoint": "a:b"})
+        assert reg.status_code == 400
+        assert reg.json()["error"]["field"] == "package_digest"
+
+
+def test_idempotency_key_same_body_same_job_other_body_422(broker_server: BrokerServer) -> None:
+    with _http(broker_server, "idem-caller") as http:
+        headers = {"Idempotency-Key": "k-1"}
+        a = http.post("/v1/functions/noop/jobs", json={"input": 1}, headers=headers)
+        b = http.post("/v1/functions/noop/jobs", json={"input": 1}, headers=headers)
+        c = http.post("/v1/functions/noop/jobs", json={"input": 2}, headers=headers)
+    assert a.status_code == b.status_code == 202
+    assert a.json()["job_id"] == b.json()["job_id"]
+    assert c.status_code == 422
+    assert c.json()["error"]["class"] == "IdempotencyMismatch"

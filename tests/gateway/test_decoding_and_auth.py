@@ -1,0 +1,69 @@
+"""Strict decoding and token validation, as units."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from functions.errors import Forbidden, InvalidRequest, Unauthorized, UnknownField
+from gateway.auth import Authenticator, Role
+from gateway.decoding import Field, decode
+
+FIELDS = {"input": Field((object,)), "priority": Field((int,), default=0),
+          "timeout_s": Field((float,)), "tag": Field((str,), required=True)}
+
+
+def test_decode_fills_defaults_and_accepts_ints_as_numbers() -> None:
+    out = decode(b'{"tag": "t", "timeout_s": 3}', FIELDS)
+    assert out == {"input": None, "priority": 0, "timeout_s": 3.0, "tag": "t"}
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "field"),
+    [
+        (b'{"tag": "t", "extra": 1}', UnknownField, "extra"),
+        (b'{"priority": 1}', InvalidRequest, "tag"),
+        (b'{"tag": "t", "priority": true}', InvalidRequest, "priority"),
+        (b'{"tag": 5}', InvalidRequest, "tag"),
+    ],
+)
+def test_decode_names_the_bad_field(body: bytes, error: type, field: str) -> None:
+    with pytest.raises(error) as info:
+        decode(body, FIELDS)
+    assert info.value.field == field
+
+
+def test_decode_rejects_non_objects_and_bad_json() -> None:
+    for body in (b"[1]", b"{", b'"x"'):
+        with pytest.raises(InvalidRequest):
+            decode(body, FIELDS)
+
+
+def test_tokens_round_trip_with_role_and_are_cached() -> None:
+    auth = Authenticator(b"k" * 32)
+    token = auth.mint("alice", Role.DEPLOY, ttl_s=60)
+    p = auth.authenticate(f"Bearer {token}")
+    assert (p.caller, p.role) == ("alice", Role.DEPLOY)
+    assert auth.authenticate(f"Bearer {token}") is p
+    p.require(Role.INVOKE)
+    with pytest.raises(Forbidden):
+        p.require(Role.ADMIN)
+
+
+def test_tokens_for_another_audience_or_key_are_refused() -> None:
+    other = Authenticator(b"o" * 32).mint("eve")
+    with pytest.raises(Unauthorized):
+        Authenticator(b"k" * 32).authenticate(f"Bearer {other}")
+    wrong_aud = Authenticator(b"k" * 32, audience="elsewhere").mint("eve")
+    with pytest.raises(Unauthorized):
+        Authenticator(b"k" * 32).authenticate(f"Bearer {wrong_aud}")
+
+
+def test_an_expired_token_is_refused_even_when_it_was_cached() -> None:
+    auth = Authenticator(b"k" * 32)
+    token = auth.mint("bob", ttl_s=1)
+    auth.authenticate(f"Bearer {token}")
+    time.sleep(1.1)
+    with pytest.raises(Unauthorized):
+        auth.authenticate(f"Bearer {token}")

@@ -1,0 +1,56 @@
+"""The reuse rules, end to end over real HTTP with real pods (paper §5, DESIGN "The rules")."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.conftest import BrokerServer
+
+
+def _pod(job: dict) -> str:
+    return str(job["attempts"][-1]["pods"][0])
+
+
+def test_same_caller_and_tag_within_the_hold_runs_warm_on_the_same_pod(
+    broker_server: BrokerServer,
+) -> None:
+    with broker_server.client("warm-alice") as fp:
+        first = fp.invoke("noop", {"step": 1}, lease_tag="session-a")
+        second = fp.invoke("noop", {"step": 2}, lease_tag="session-a")
+    assert first["state"] == second["state"] == "SUCCEEDED"
+    assert second["output"] == {"step": 2}
+    assert second["acquisition"] == {"path": "warm", "reason": None}
+    assert _pod(second) == _pod(first)
+
+
+def test_a_new_tag_runs_once_recycled_on_the_old_pod_which_then_retires(
+    broker_server: BrokerServer,
+) -> None:
+    with broker_server.client("recycle-bob") as fp:
+        old = fp.invoke("noop", 1, lease_tag="episode-1")
+        crossing = fp.invoke("noop", 2, lease_tag="episode-2")
+        after = fp.invoke("noop", 3, lease_tag="episode-2")
+    assert crossing["acquisition"]["path"] == "recycled"
+    assert crossing["acquisition"]["reason"]
+    assert _pod(crossing) == _pod(old)
+    assert _pod(after) != _pod(old), "the recycled pod must retire after its one job"
+
+
+def test_three_concurrent_callers_never_get_a_pod_someone_else_used(
+    broker_server: BrokerServer,
+) -> None:
+    callers = ["carol", "dave", "erin"]
+
+    def loop(caller: str) -> list[tuple[str, str]]:
+        with broker_server.client(caller) as fp:
+            return [(caller, _pod(fp.invoke("noop", i, lease_tag=f"{caller}-t")))
+                    for i in range(8)]
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pair for result in pool.map(loop, callers) for pair in result]
+    users: dict[str, set[str]] = {}
+    for caller, pod in runs:
+        users.setdefault(pod, set()).add(caller)
+    shared = {pod: who for pod, who in users.items() if len(who) > 1}
+    assert shared == {}, f"cross-caller reuse: {shared}"
+    assert len(runs) == 24
