@@ -1,0 +1,85 @@
+"""Engine setup for the two supported backends.
+
+Two engines per store: the *write* engine gives the group-commit writer its one connection;
+the *read* engine pools connections for reads run in worker threads.
+
+SQLite: WAL journal (readers never block the writer, nor it them), ``synchronous=FULL`` (a
+commit survives power loss), ``busy_timeout`` for other processes' locks. The writer's
+transactions start with ``BEGIN IMMEDIATE`` so the write lock is taken up front and a
+read-then-write inside a batch cannot be overtaken by another process. In-memory databases are
+refused: each connection would see a different one.
+
+MySQL/MariaDB (PyMySQL): default durability (``innodb_flush_log_at_trx_commit`` as the server
+says), pre-ping and recycle on the read pool; the writer reconnects after a disconnect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+
+from gateway.store.settings import StoreSettings
+
+
+def backend_of(url: str | URL) -> str:
+    """``sqlite`` or ``mysql``; anything else raises ValueError."""
+    backend = make_url(url).get_backend_name()
+    if backend not in ("sqlite", "mysql"):
+        raise ValueError(f"unsupported job store backend {backend!r} (use sqlite or mysql)")
+    return backend
+
+
+def make_engines(url: str, settings: StoreSettings) -> tuple[Engine, Engine]:
+    """Return ``(write_engine, read_engine)`` for ``url``."""
+    parsed = make_url(url)
+    if backend_of(parsed) == "sqlite":
+        return _sqlite_engines(parsed, settings)
+    return _mysql_engines(parsed, settings)
+
+
+def _sqlite_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
+    if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
+        raise ValueError("the job store needs a SQLite file, not an in-memory database")
+    Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    busy_ms = int(settings.busy_timeout_s * 1000)
+
+    def pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=FULL")
+        finally:
+            cursor.close()
+
+    write = create_engine(url, pool_size=1, max_overflow=0)
+    read = create_engine(url, pool_size=settings.read_pool_size, max_overflow=8)
+    event.listen(write, "connect", pragmas)
+    event.listen(read, "connect", pragmas)
+
+    @event.listens_for(write, "connect")
+    def _driver_autocommit(dbapi_conn: Any, _record: Any) -> None:
+        # let SQLAlchemy's "begin" event, not the driver, open transactions
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(write, "begin")
+    def _begin_immediate(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return write, read
+
+
+def _mysql_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
+    write = create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+    read = create_engine(
+        url,
+        pool_size=settings.read_pool_size,
+        max_overflow=8,
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        isolation_level="READ COMMITTED",
+    )
+    return write, read

@@ -1,0 +1,39 @@
+"""Job store settings: a frozen dataclass read once at startup, each field documented."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """How the job store connects, batches and retains data."""
+
+    busy_timeout_s: float = 5.0
+    """SQLite: how long a statement waits for another process's lock before failing."""
+
+    max_batch: int = 2048
+    """Most writes the group-commit writer puts in one transaction."""
+
+    read_pool_size: int = 4
+    """Connections kept for reads (each read runs in a worker thread on its own connection)."""
+
+    idempotency_retention_s: float | None = 24 * 3600.0
+    """How long an ``Idempotency-Key`` deduplicates (from the job's submit time); None: forever.
+    After it, the same key and caller create a new job."""
+
+    result_retention_s: float | None = 7 * 24 * 3600.0
+    """How long a finished job keeps its output (and its logs, which the executor deletes for
+    the ids ``expire`` returns); None: forever. After it the job reports ``output_expired``."""
+
+    def __post_init__(self) -> None:
+        if self.busy_timeout_s < 0:
+            raise ValueError("busy_timeout_s must be >= 0")
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if self.read_pool_size < 1:
+            raise ValueError("read_pool_size must be >= 1")
+        for name in ("idempotency_retention_s", "result_retention_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None")

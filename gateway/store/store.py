@@ -1,0 +1,225 @@
+"""``JobStore``: the durable record of jobs, function versions and packages.
+
+Concurrency rule: every write goes through the one ``GroupCommitWriter`` (one thread, one
+connection, group commit), in the order callers enqueued them; a write's ``await`` returns
+after its batch committed, so a later read (any connection) sees it. Reads run in worker
+threads over a separate connection pool and never wait for the writer (SQLite WAL; InnoDB MVCC).
+A ``Job`` is serialized on the event loop when its write is enqueued; the writer thread never
+sees the live object.
+
+Invariants: a job's ``revision`` moves by exactly one per successful ``update``, and only when
+the caller's copy was current (compare-and-set); every stored state change is an edge of
+``JOB_TRANSITIONS`` (or a field update within a non-terminal state); an ``(caller,
+idempotency_key)`` maps to at most one job while the key is retained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from functions.errors import Conflict, FirepoolError
+from functions.spec import FunctionSpec
+from gateway.jobs import Job
+from gateway.store import writes
+from gateway.store.codec import function_from_row, function_row, job_from_row, job_mutable_values
+from gateway.store.codec import job_row as encode_job
+from gateway.store.engine import make_engines
+from gateway.store.schema import ensure_schema
+from gateway.store.settings import StoreSettings
+from gateway.store.tables import functions, jobs, packages
+from gateway.store.writer import GroupCommitWriter, WriterStats
+from pool_manager.states import IllegalTransition, JobState
+
+#: Writes that fail without changing anything; they never roll back their batch.
+CLEAN_FAILURES: tuple[type[BaseException], ...] = (FirepoolError, IllegalTransition)
+
+SUBMITTABLE: frozenset[JobState] = frozenset({JobState.QUEUED, JobState.PENDING})
+
+
+class JobStore:
+    """Async API over one group-commit writer and a read pool. Create with ``open_store``."""
+
+    def __init__(
+        self,
+        write_engine: Engine,
+        read_engine: Engine,
+        settings: StoreSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._write_engine = write_engine
+        self._read = read_engine
+        self._clock = clock
+        self._stmts = writes.JobStatements(write_engine.dialect)
+        self._integrity_error: type[Exception] = write_engine.dialect.loaded_dbapi.IntegrityError
+        self._writer = GroupCommitWriter(
+            write_engine, clean_failures=CLEAN_FAILURES, max_batch=settings.max_batch
+        )
+        self._writer.start()
+
+    async def close(self) -> None:
+        """Finish the writes already enqueued, then release every connection."""
+        await self._writer.close()
+        self._read.dispose()
+        self._write_engine.dispose()
+
+    def writer_stats(self) -> WriterStats:
+        """Group-commit counters (batches, writes, mean batch size)."""
+        return self._writer.stats()
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    async def submit(self, job: Job) -> tuple[Job, bool]:
+        """Durably insert a QUEUED or PENDING job; return ``(job, True)``.
+
+        With ``job.idempotency_key`` set and a retained job of the same caller and key: the same
+        ``request_hash`` returns ``(stored job, False)`` and writes nothing; another raises
+        ``IdempotencyMismatch``. A job id that already exists raises ``Conflict``.
+        """
+        if job.state not in SUBMITTABLE:
+            raise IllegalTransition(f"a job is submitted QUEUED or PENDING, not {job.state}")
+        op = functools.partial(
+            writes.submit_job,
+            stmts=self._stmts,
+            row=encode_job(job),
+            key_retention_s=self.settings.idempotency_retention_s,
+        )
+        try:
+            found = await self._writer.run(op)
+        except self._integrity_error as exc:
+            raise Conflict(f"job {job.id} already exists") from exc
+        if found is None:
+            return job, True
+        return job_from_row(found), False
+
+    async def update(self, job: Job, expected_revision: int) -> None:
+        """Compare-and-set every mutable field of ``job`` (state, output, error, exit_code,
+        retries, attempts, acquisition, started/first_instruction/finished).
+
+        Applies iff the stored revision is ``expected_revision`` and the stored state may move
+        to ``job.state``; then sets ``job.revision = expected_revision + 1``. Otherwise raises
+        ``StaleRevision``, ``IllegalTransition`` or ``NotFound`` and writes nothing.
+        """
+        op = functools.partial(
+            writes.update_job,
+            stmts=self._stmts,
+            job_id=job.id,
+            expected_revision=expected_revision,
+            values=job_mutable_values(job),
+        )
+        await self._writer.run(op)
+        job.revision = expected_revision + 1
+
+    async def get_job(self, job_id: str) -> Job | None:
+        rows = await self._read_rows(select(jobs).where(jobs.c.id == job_id))
+        return job_from_row(rows[0]) if rows else None
+
+    async def list_jobs(
+        self,
+        *,
+        caller: str | None = None,
+        function: str | None = None,
+        states: Collection[JobState] | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs matching every given filter, newest submitted first."""
+        stmt = select(jobs)
+        if caller is not None:
+            stmt = stmt.where(jobs.c.caller == caller)
+        if function is not None:
+            stmt = stmt.where(jobs.c.function == function)
+        if states is not None:
+            stmt = stmt.where(jobs.c.state.in_([s.value for s in states]))
+        stmt = stmt.order_by(jobs.c.submitted.desc(), jobs.c.id.desc()).limit(limit)
+        return [job_from_row(r) for r in await self._read_rows(stmt)]
+
+    async def jobs_in_states(self, states: Collection[JobState]) -> list[Job]:
+        """Every job in ``states``, oldest submitted first (restart recovery, App. A.1)."""
+        stmt = (
+            select(jobs)
+            .where(jobs.c.state.in_([s.value for s in states]))
+            .order_by(jobs.c.submitted, jobs.c.id)
+        )
+        return [job_from_row(r) for r in await self._read_rows(stmt)]
+
+    # -- functions and packages -----------------------------------------------------------
+
+    async def put_function(self, spec: FunctionSpec) -> FunctionSpec:
+        """Register ``spec`` as the next version of its name (deleted versions count, so a
+        version number is never reused); return it with ``version`` and ``created`` set."""
+        created = self._clock()
+        row = function_row(dataclasses.replace(spec, created=created))
+        version = await self._writer.run(functools.partial(writes.put_function, row=row))
+        return dataclasses.replace(spec, version=version, created=created)
+
+    async def get_function(self, name: str, version: int | None = None) -> FunctionSpec | None:
+        """Version ``version`` of a live function, or its latest when None."""
+        stmt = select(functions).where(functions.c.name == name, functions.c.deleted.is_(False))
+        if version is not None:
+            stmt = stmt.where(functions.c.version == version)
+        stmt = stmt.order_by(functions.c.version.desc()).limit(1)
+        rows = await self._read_rows(stmt)
+        return function_from_row(rows[0]) if rows else None
+
+    async def list_functions(self) -> list[FunctionSpec]:
+        """The latest version of every live function, by name."""
+        stmt = (
+            select(functions)
+            .where(functions.c.deleted.is_(False))
+            .order_by(functions.c.name, functions.c.version.desc())
+        )
+        latest: dict[str, FunctionSpec] = {}
+        for row in await self._read_rows(stmt):
+            latest.setdefault(row["name"], function_from_row(row))
+        return list(latest.values())
+
+    async def delete_function(self, name: str) -> bool:
+        """Hide every version of ``name``; False if there was no live version."""
+        return await self._writer.run(functools.partial(writes.delete_function, name=name))
+
+    async def put_package(self, digest: str, size: int) -> None:
+        """Record an uploaded package (idempotent)."""
+        op = functools.partial(writes.put_package, digest=digest, size=size, created=self._clock())
+        await self._writer.run(op)
+
+    async def has_package(self, digest: str) -> bool:
+        rows = await self._read_rows(select(packages.c.digest).where(packages.c.digest == digest))
+        return bool(rows)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def _read_rows(self, stmt: Any) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._read_rows_sync, stmt)
+
+    def _read_rows_sync(self, stmt: Any) -> list[dict[str, Any]]:
+        with self._read.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+async def open_store(
+    url: str, *, migrate: bool = False, settings: StoreSettings | None = None
+) -> JobStore:
+    """Open the store at ``url`` (``sqlite:///path.db`` or ``mysql+pymysql://...``).
+
+    An empty database is created at the newest schema; an older schema raises ``SchemaError``
+    (run ``firepool migrate``) unless ``migrate=True``; a newer one always raises it.
+    """
+    return await asyncio.to_thread(_open_blocking, url, migrate, settings or StoreSettings())
+
+
+def _open_blocking(url: str, migrate: bool, settings: StoreSettings) -> JobStore:
+    write, read = make_engines(url, settings)
+    try:
+        ensure_schema(read, migrate=migrate)
+        return JobStore(write, read, settings)
+    except BaseException:
+        read.dispose()
+        write.dispose()
+        raise

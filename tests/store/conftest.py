@@ -1,0 +1,109 @@
+"""Fixtures for the job store contract tests: every test runs against SQLite and MySQL.
+
+MySQL tests read ``FIREPOOL_TEST_MYSQL_URL`` (a server URL; its database part is ignored) and
+skip with a visible reason without it. With ``FIREPOOL_REQUIRE_MYSQL=1`` an unreachable server
+FAILS them. Each MySQL test creates and drops its own database ``firepool_t_<random>``, so
+concurrent runs never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from functions.spec import FunctionSpec
+from gateway.jobs import Job
+from gateway.store import JobStore, open_store
+
+MYSQL_ENV = "FIREPOOL_TEST_MYSQL_URL"
+REQUIRE_ENV = "FIREPOOL_REQUIRE_MYSQL"
+
+
+@pytest.fixture(scope="session")
+def mysql_server_url() -> str:
+    url = os.environ.get(MYSQL_ENV)
+    if not url:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {MYSQL_ENV} is not set")
+        pytest.skip(f"MySQL contract tests need {MYSQL_ENV} (e.g. mysql+pymysql://root@host/db)")
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but MySQL at {MYSQL_ENV} is unreachable: {exc}")
+        pytest.skip(f"MySQL at {MYSQL_ENV} is unreachable: {exc}")
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def mysql_url(mysql_server_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    name = f"firepool_t_{secrets.token_hex(6)}"
+    engine = create_engine(mysql_server_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield make_url(mysql_server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """The URL of an empty database, once per backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/jobs.db"
+    return str(request.getfixturevalue("mysql_url"))
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[JobStore]:
+    opened = await open_store(store_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+_counter = iter(range(1_000_000))
+
+
+def make_job(**overrides: Any) -> Job:
+    """A QUEUED job with distinct id and submit time; override any field."""
+    n = next(_counter)
+    fields: dict[str, Any] = {
+        "id": f"job-{n:06d}-{secrets.token_hex(3)}",
+        "function": "echo",
+        "version": 1,
+        "caller": "alice",
+        "sku": "cpu-small",
+        "input": {"n": n},
+        "submitted": time.time() + n * 1e-3,
+    }
+    fields.update(overrides)
+    return Job(**fields)
+
+
+def make_spec(**overrides: Any) -> FunctionSpec:
+    fields: dict[str, Any] = {
+        "name": "echo",
+        "sku": "cpu-small",
+        "package_digest": "a" * 64,
+        "entrypoint": "main:handler",
+    }
+    fields.update(overrides)
+    return FunctionSpec(**fields)

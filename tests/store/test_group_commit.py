@@ -1,0 +1,121 @@
+"""Group commit: concurrent writes share a transaction, and a bad entry fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+from functions.errors import Conflict
+from gateway.store import JobStore
+from gateway.store.writer import WriteContext
+from pool_manager.states import JobState
+from tests.store.conftest import make_job
+
+
+async def held_batch(store: JobStore, writes: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``writes`` as one batch: park the writer on a gate, enqueue them all, open it."""
+    started, release = threading.Event(), threading.Event()
+
+    def gate(_ctx: WriteContext) -> None:
+        started.set()
+        release.wait(10)
+
+    gate_done = asyncio.ensure_future(store._writer.run(gate))
+    assert await asyncio.to_thread(started.wait, 10)
+    tasks = [asyncio.ensure_future(w) for w in writes]
+    await asyncio.sleep(0)  # every task has enqueued its write
+    release.set()
+    await gate_done
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_concurrent_writes_are_committed_in_batches(store: JobStore) -> None:
+    before = store.writer_stats()
+    jobs = [make_job() for _ in range(300)]
+    await asyncio.gather(*(store.submit(j) for j in jobs))
+    for job in jobs:
+        job.state = JobState.RUNNING
+    await asyncio.gather(*(store.update(j, 0) for j in jobs))
+    after = store.writer_stats()
+    writes = after.writes - before.writes
+    batches = after.batches - before.batches
+    assert writes == 600
+    assert writes / batches > 1
+    assert after.mean_batch > 1
+
+
+async def test_a_stale_update_fails_alone_without_rolling_back_its_batch(
+    store: JobStore,
+) -> None:
+    base = make_job()
+    await store.submit(base)
+    base.state = JobState.RUNNING
+    await store.update(base, 0)
+    fresh = [make_job() for _ in range(5)]
+    stale = dataclasses.replace(base, state=JobState.CANCELLED)
+    before = store.writer_stats()
+    results = await held_batch(
+        store, [store.submit(fresh[0]), store.update(stale, 0), *map(store.submit, fresh[1:])]
+    )
+    assert [type(r).__name__ for r in results] == [
+        "tuple",
+        "StaleRevision",
+        "tuple",
+        "tuple",
+        "tuple",
+        "tuple",
+    ]
+    after = store.writer_stats()
+    assert after.replayed_batches == before.replayed_batches
+    assert after.batches - before.batches == 2  # the gate, then one batch of six
+    for job in fresh:
+        assert await store.get_job(job.id) == job
+
+
+async def test_a_duplicate_key_fails_alone_and_the_rest_of_its_batch_commits(
+    store: JobStore,
+) -> None:
+    existing = make_job()
+    await store.submit(existing)
+    fresh = [make_job() for _ in range(4)]
+    duplicate = dataclasses.replace(existing, input="another body")
+    results = await held_batch(
+        store, [store.submit(fresh[0]), store.submit(duplicate), *map(store.submit, fresh[1:])]
+    )
+    assert isinstance(results[1], Conflict)
+    assert all(isinstance(r, tuple) and r[1] for i, r in enumerate(results) if i != 1)
+    assert store.writer_stats().replayed_batches == 1
+    for job in fresh:
+        assert await store.get_job(job.id) == job
+    assert await store.get_job(existing.id) == existing
+
+
+async def test_a_write_whose_waiter_is_cancelled_still_happens(store: JobStore) -> None:
+    job = make_job()
+    task = asyncio.ensure_future(store.submit(job))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if await store.get_job(job.id) is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert await store.get_job(job.id) == job
+
+
+async def test_writes_after_close_are_refused(store_url: str) -> None:
+    from gateway.store import open_store
+
+    store = await open_store(store_url)
+    pending = asyncio.ensure_future(store.submit(make_job()))
+    await asyncio.sleep(0)
+    await store.close()
+    assert (await pending)[1]  # enqueued before close: applied
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.submit(make_job())

@@ -1,0 +1,90 @@
+"""Schema versions: new databases start at head; older ones need `firepool migrate`;
+newer or foreign ones are refused."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.store import SchemaError, StoreSettings, migrate, open_store
+from gateway.store.codec import job_row
+from gateway.store.engine import make_engines
+from gateway.store.schema import current_revision, head_revision, upgrade_to
+from tests.store.conftest import make_job
+
+
+def revision_of(url: str) -> str | None:
+    write, read = make_engines(url, StoreSettings())
+    try:
+        with read.connect() as conn:
+            return current_revision(conn)
+    finally:
+        read.dispose()
+        write.dispose()
+
+
+def run_sql(url: str, *statements: str) -> None:
+    write, read = make_engines(url, StoreSettings())
+    try:
+        with read.begin() as conn:
+            for stmt in statements:
+                conn.exec_driver_sql(stmt)
+    finally:
+        read.dispose()
+        write.dispose()
+
+
+async def test_an_empty_database_is_created_at_head(store_url: str) -> None:
+    store = await open_store(store_url)
+    await store.close()
+    assert revision_of(store_url) == head_revision()
+
+
+async def test_an_older_schema_needs_migrate_and_keeps_its_jobs(store_url: str) -> None:
+    write, read = make_engines(store_url, StoreSettings())
+    job = make_job()
+    try:
+        upgrade_to(read, "0001")
+        row = {k: v for k, v in job_row(job).items() if k != "output_expired"}
+        old_jobs = sa.table("jobs", *(sa.column(k) for k in row))
+        with read.begin() as conn:
+            conn.execute(sa.insert(old_jobs).values(row))
+    finally:
+        read.dispose()
+        write.dispose()
+    with pytest.raises(SchemaError, match="firepool migrate"):
+        await open_store(store_url)
+    store = await open_store(store_url, migrate=True)
+    try:
+        assert await store.get_job(job.id) == job
+    finally:
+        await store.close()
+    assert revision_of(store_url) == head_revision()
+
+
+async def test_a_newer_schema_is_always_refused(store_url: str) -> None:
+    migrate(store_url)
+    run_sql(store_url, "UPDATE alembic_version SET version_num = '9999'")
+    with pytest.raises(SchemaError, match="newer"):
+        await open_store(store_url)
+    with pytest.raises(SchemaError, match="newer"):
+        await open_store(store_url, migrate=True)
+
+
+async def test_a_database_with_foreign_tables_is_refused(store_url: str) -> None:
+    run_sql(store_url, "CREATE TABLE someone_elses (id INTEGER PRIMARY KEY)")
+    with pytest.raises(SchemaError, match="no Firepool schema version"):
+        await open_store(store_url, migrate=True)
+
+
+async def test_migrate_creates_then_is_a_no_op(store_url: str) -> None:
+    migrate(store_url)
+    migrate(store_url)
+    assert revision_of(store_url) == head_revision()
+    store = await open_store(store_url)
+    await store.close()
+
+
+def test_an_in_memory_sqlite_database_is_refused() -> None:
+    with pytest.raises(ValueError, match="in-memory"):
+        make_engines("sqlite://", StoreSettings())
