@@ -3,6 +3,8 @@
 Read once at startup (frozen dataclasses). A catalog file is YAML::
 
     budgets: {cpu: 16, h200: 2}          # units (CPU cores or GPUs) per accelerator
+    limits: {max_pods: 64, max_gpus: 8}  # per-caller default (optional)
+    caller_limits: {rl-trainer: {max_gpus: 16}}
     pools:
       cpu:   {accelerator: cpu, units_per_pod: 1, min_count: 1, max_count: 8}
       h200:  {accelerator: h200, units_per_pod: 1, standbys_per_active: 3}
@@ -77,11 +79,33 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class CallerLimits:
+    """Per-caller ceilings, checked in the same step as a claim (paper A.1). ``None`` = none."""
+
+    max_pods: int | None = None
+    """Pods the caller may hold assigned or running at once, across every pool."""
+    max_gpus: int | None = None
+    """GPUs (``units_per_pod`` of GPU pools) the caller may hold assigned or running."""
+
+
+@dataclass(frozen=True, slots=True)
 class Catalog:
     """All pools plus the per-accelerator budgets they share."""
 
     pools: Mapping[str, PoolSpec]
     budgets: Mapping[str, int] = field(default_factory=dict)
+    limits: CallerLimits = CallerLimits()
+    """Default per-caller limits."""
+    caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
+    """Per-caller overrides of ``limits``."""
+
+    def limits_for(self, caller: str) -> CallerLimits:
+        return self.caller_limits.get(caller, self.limits)
+
+    @property
+    def has_limits(self) -> bool:
+        everyone = (self.limits, *self.caller_limits.values())
+        return any(lim.max_pods is not None or lim.max_gpus is not None for lim in everyone)
 
     def pool(self, sku: str) -> PoolSpec:
         try:
@@ -101,7 +125,7 @@ class Catalog:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Catalog:
-        unknown = set(data) - {"pools", "budgets"}
+        unknown = set(data) - {"pools", "budgets", "limits", "caller_limits"}
         if unknown:
             name = sorted(unknown)[0]
             raise UnknownField(f"unknown catalog key {name!r}", field=name)
@@ -120,8 +144,24 @@ class Catalog:
         if not pools:
             raise InvalidRequest("a catalog needs at least one pool", field="pools")
         budgets = {str(k): int(v) for k, v in (data.get("budgets") or {}).items()}
-        return cls(pools=pools, budgets=budgets)
+        limits = _limits(data.get("limits") or {}, "limits")
+        callers = {
+            str(c): _limits(raw or {}, f"caller_limits.{c}")
+            for c, raw in (data.get("caller_limits") or {}).items()
+        }
+        return cls(pools=pools, budgets=budgets, limits=limits, caller_limits=callers)
 
     @classmethod
     def load(cls, path: Path) -> Catalog:
         return cls.from_mapping(yaml.safe_load(path.read_text()) or {})
+
+
+def _limits(raw: Mapping[str, Any], where: str) -> CallerLimits:
+    bad = set(raw) - {"max_pods", "max_gpus"}
+    if bad:
+        name = sorted(bad)[0]
+        raise UnknownField(f"unknown key {name!r} in {where}", field=name)
+    pods, gpus = raw.get("max_pods"), raw.get("max_gpus")
+    return CallerLimits(
+        max_pods=None if pods is None else int(pods), max_gpus=None if gpus is None else int(gpus)
+    )

@@ -59,8 +59,11 @@ POD_TRANSITIONS: Mapping[PodState, frozenset[PodState]] = {
     PodState.ASSIGNED: frozenset(
         {PodState.RUNNING, PodState.IDLE, PodState.RESETTING, PodState.RETIRING, PodState.DELETED}
     ),
-    # the job ended and the agent resets; or the pod was lost mid-job
-    PodState.RUNNING: frozenset({PodState.RESETTING, PodState.RETIRING, PodState.DELETED}),
+    # the agent reset it and reported the job's processes verified dead (held for its owner);
+    # the agent resets it asynchronously; unclean, boundary or single-use -> retire; lost mid-job
+    PodState.RUNNING: frozenset(
+        {PodState.IDLE, PodState.RESETTING, PodState.RETIRING, PodState.DELETED}
+    ),
     # verified clean -> idle (held for its owner); unclean or boundary -> retire
     PodState.RESETTING: frozenset({PodState.IDLE, PodState.RETIRING, PodState.DELETED}),
     # the delete was issued; the backend confirms it gone
@@ -81,16 +84,29 @@ class HasLifecycle(Protocol[S]):
     history: list[tuple[float, str, str, str]]
 
 
+#: Pods keep only their last few transitions: the tracker holds 100,000 of them and the
+#: claim path must not grow memory. Jobs keep their whole (short) history.
+POD_HISTORY_LIMIT = 3
+
+
 def transition(
     obj: HasLifecycle[S],
     new: S,
     reason: str,
     now: float,
     table: Mapping[S, frozenset[S]],
+    limit: int | None = None,
 ) -> None:
-    """Move ``obj`` to ``new`` if the table allows it, recording why and when."""
+    """Move ``obj`` to ``new`` if the table allows it, recording why and when.
+
+    ``limit`` bounds the history to its last ``limit`` entries. States are ``StrEnum``
+    members, so they are stored as-is (they are ``str``) without copying.
+    """
     old = obj.state
     if new not in table[old]:
         raise IllegalTransition(f"{old} -> {new} is not allowed ({reason})")
     obj.state = new
-    obj.history.append((now, str(old), str(new), reason))
+    history = obj.history
+    history.append((now, old, new, reason))
+    if limit is not None and len(history) > limit:
+        del history[0]

@@ -1,0 +1,112 @@
+"""Plain data the control plane passes around: pods, claim requests, leases and actions.
+
+Every type here is a slotted dataclass with no behaviour beyond trivial properties, so the
+tracker, the scaler, the simulator and the broker's shells can exchange them freely. Only
+``PodInfo`` is mutable, and only the tracker mutates it, under its lock; everything handed
+out of the tracker is a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pool_manager.states import PodState
+
+Role = Literal["active", "standby"]
+Path = Literal["warm", "recycled", "idle", "standby", "new", "single_use"]
+
+#: Acquisition paths from warmest to coldest; a gang's lease reports the coldest of its pods.
+PATH_ORDER: tuple[str, ...] = ("warm", "recycled", "idle", "standby", "new", "single_use")
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """What the tracker knows of one pod.
+
+    Invariants kept by the tracker: a used pod (``owner`` set) is claimable only by ``owner``;
+    ``released_at`` is when the pod last became idle (ready time for a never-used pod) and
+    ``hold_until`` when its owner hold ends; ``job_id`` is set exactly while the pod is
+    ASSIGNED or RUNNING. ``history`` keeps only the last few transitions (bounded memory).
+    """
+
+    name: str
+    sku: str
+    created: float
+    role: str = "active"
+    """``active`` or ``standby`` (a zero-VRAM pod sharing ``gpu`` with an active pod)."""
+    gpu: str | None = None
+    """Physical GPU id this pod is pinned to (GPU pools); ``None`` for CPU pods."""
+    template: str = "v1"
+    state: PodState = PodState.STARTING
+    owner: str | None = None
+    """Last caller (owner-only reuse); ``None`` = never used."""
+    tag: str | None = None
+    queue: str | None = None
+    released_at: float | None = None
+    hold_until: float | None = None
+    single_use: bool = False
+    job_id: str | None = None
+    retire_after: bool = False
+    """Run the current job, then retire (session boundary crossed: the ``recycled`` path)."""
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One queued job asking for ``pods`` pods of ``sku``."""
+
+    job_id: str
+    caller: str
+    sku: str
+    lease_tag: str | None
+    queue: str = "default"
+    pods: int = 1
+    single_use: bool = False
+    queued_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A successful claim: every pod of the job, how they were acquired and why not warmer."""
+
+    job_id: str
+    pods: tuple[str, ...]
+    path: str
+    """One of ``PATH_ORDER``; for a gang, the coldest path among its pods."""
+    reason: str | None
+    """Why no warmer path was used; ``None`` for ``warm``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """No placement now; the job stays queued and counts as demand."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodRelease:
+    """One pod after its job ended: kept (held for its owner) or to be deleted, and why."""
+
+    name: str
+    retire: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePod:
+    """Ask the backend for a pod. ``gpu`` pins a standby to an existing active's card."""
+
+    sku: str
+    role: str = "active"
+    gpu: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePod:
+    name: str
+    reason: str
+
+
+Action = CreatePod | DeletePod

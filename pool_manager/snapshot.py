@@ -1,0 +1,192 @@
+"""A point-in-time count of every pool, in the units the scaler reasons about (App. A.5).
+
+Pods are counted by *group*: all pods pinned to one physical GPU count once (an active and
+its standbys), a GPU-less pod counts alone. Each group falls in exactly one class, first
+match wins:
+
+``retiring``  every pod of the group is being deleted (a delete in flight)
+``busy``      a pod of it is assigned or running a reusable job (``stale`` if that pod is
+              single-use or of an old template: it will retire after the job)
+``starting``  an active pod is starting (supply: a create in flight)
+``stale``     its idle active pods are all single-use or of an old template
+``idle``      it has a never-used idle active pod, or only standbys (promotable for the
+              next job): unheld supply, removable by scale-down once its keep-alive expired
+``held``      its idle active pods are all owner-held
+
+``physical = starting + idle + held + busy + stale``; ``retiring`` groups still occupy the
+ceiling and their budget units until they are gone.
+
+Pure: built from ``PodInfo`` values under the tracker's lock, then read without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pool_manager.catalog import PoolSpec
+from pool_manager.model import PodInfo
+from pool_manager.states import PodState
+
+_LEASED = (PodState.ASSIGNED, PodState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGroup:
+    """An unheld idle group scale-down may remove: idle since ``since``; all its pods."""
+
+    since: float
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPod:
+    """An owner-held idle pod, for hold breaking."""
+
+    name: str
+    owner: str
+    released_at: float
+    created: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """One pool's group counts and the candidates the scaler may act on."""
+
+    spec: PoolSpec
+    starting: int = 0
+    idle: int = 0
+    held: int = 0
+    busy: int = 0
+    """Assigned + running (reusable jobs)."""
+    stale: int = 0
+    single_use: int = 0
+    """The single-use part of ``stale`` (occupies the ceiling, cannot satisfy the floor)."""
+    retiring: int = 0
+    held_by_owner: Mapping[str, int] = field(default_factory=dict)
+    idle_groups: tuple[IdleGroup, ...] = ()
+    held_pods: tuple[HeldPod, ...] = ()
+    stale_idle: tuple[str, ...] = ()
+    """Idle old-template pods, to retire (a template rollout)."""
+    standby_gaps: tuple[tuple[str, int], ...] = ()
+    """``(gpu, missing)`` standby slots to stage on groups with a live active pod."""
+
+    @property
+    def physical(self) -> int:
+        return self.starting + self.idle + self.held + self.busy + self.stale
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    now: float
+    pools: Mapping[str, PoolView]
+
+
+class _Acc:
+    __slots__ = (
+        "busy", "held", "held_by_owner", "held_pods", "idle", "idle_groups", "retiring",
+        "single_use", "stale", "stale_idle", "standby_gaps", "starting",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.starting = self.idle = self.held = self.busy = 0
+        self.stale = self.single_use = self.retiring = 0
+        self.held_by_owner: dict[str, int] = {}
+        self.idle_groups: list[IdleGroup] = []
+        self.held_pods: list[HeldPod] = []
+        self.stale_idle: list[str] = []
+        self.standby_gaps: list[tuple[str, int]] = []
+
+
+def build_snapshot(
+    pods: Iterable[PodInfo], specs: Mapping[str, PoolSpec], now: float
+) -> PoolSnapshot:
+    groups: dict[tuple[str, str], list[PodInfo]] = {}
+    for pod in pods:
+        if pod.state is PodState.DELETED:
+            continue
+        key = (pod.sku, pod.gpu if pod.gpu is not None else "\0" + pod.name)
+        members = groups.get(key)
+        if members is None:
+            groups[key] = [pod]
+        else:
+            members.append(pod)
+    accs = {sku: _Acc() for sku in specs}
+    for (sku, card), members in groups.items():
+        _classify(accs[sku], specs[sku], None if card[0] == "\0" else card, members)
+    return PoolSnapshot(now, {sku: _view(specs[sku], acc) for sku, acc in accs.items()})
+
+
+def _stale(pod: PodInfo, spec: PoolSpec) -> bool:
+    return pod.single_use or pod.template != spec.template
+
+
+def _classify(acc: _Acc, spec: PoolSpec, gpu: str | None, members: list[PodInfo]) -> None:
+    live = [p for p in members if p.state is not PodState.RETIRING]
+    if not live:
+        acc.retiring += 1
+        return
+    actives = [p for p in live if p.role != "standby"]
+    if gpu is not None and spec.standbys_per_active > 0 and actives:
+        gap = 1 + spec.standbys_per_active - len(live)
+        if gap > 0:
+            acc.standby_gaps.append((gpu, gap))
+    busy = [p for p in live if p.state in _LEASED]
+    if busy:
+        if _stale(busy[0], spec):
+            acc.stale += 1
+            acc.single_use += busy[0].single_use
+        else:
+            acc.busy += 1
+        return
+    if any(p.state is PodState.STARTING for p in actives):
+        acc.starting += 1
+        return
+    idle_actives = [p for p in actives if p.state is PodState.IDLE]
+    if idle_actives:
+        if all(_stale(p, spec) for p in idle_actives):
+            acc.stale += 1
+            acc.single_use += any(p.single_use for p in idle_actives)
+            acc.stale_idle.extend(p.name for p in idle_actives if not p.single_use)
+            return
+        fresh = [p for p in idle_actives if p.owner is None and not _stale(p, spec)]
+        if fresh:
+            acc.idle += 1
+            if all(p.owner is None for p in live):
+                since = max(p.released_at or 0.0 for p in fresh)
+                acc.idle_groups.append(IdleGroup(since, tuple(p.name for p in live)))
+            return
+        held = [p for p in idle_actives if p.owner is not None]
+        acc.held += 1
+        latest = max(held, key=lambda p: (p.released_at or 0.0, p.name))
+        owner = latest.owner or ""
+        acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
+        acc.held_pods.extend(
+            HeldPod(p.name, p.owner or "", p.released_at or 0.0, p.created) for p in held
+        )
+        return
+    standbys_idle = [p for p in live if p.state is PodState.IDLE]
+    if not standbys_idle:
+        acc.starting += 1
+        return
+    acc.idle += 1  # a standby-only group: promotable for the next job
+    since = max(p.released_at or 0.0 for p in standbys_idle)
+    acc.idle_groups.append(IdleGroup(since, tuple(p.name for p in live)))
+
+
+def _view(spec: PoolSpec, acc: _Acc) -> PoolView:
+    return PoolView(
+        spec=spec,
+        starting=acc.starting,
+        idle=acc.idle,
+        held=acc.held,
+        busy=acc.busy,
+        stale=acc.stale,
+        single_use=acc.single_use,
+        retiring=acc.retiring,
+        held_by_owner=acc.held_by_owner,
+        idle_groups=tuple(acc.idle_groups),
+        held_pods=tuple(acc.held_pods),
+        stale_idle=tuple(acc.stale_idle),
+        standby_gaps=tuple(acc.standby_gaps),
+    )

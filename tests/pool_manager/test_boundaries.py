@@ -1,0 +1,161 @@
+"""Reuse boundaries (paper §5 rules 1-3, App. A.3): owner-only reuse, sessions, holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from pool_manager.states import IllegalTransition, PodState
+from tests.pool_manager.builders import (
+    add_ready,
+    lease,
+    make_request,
+    make_spec,
+    make_tracker,
+    miss,
+    run_job,
+    state_of,
+)
+
+
+def test_a_used_pod_is_never_claimed_by_another_caller() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    run_job(t, make_request("alice"))
+    assert miss(t, make_request("bob"), now=2.0).reason == "no_idle_pod"
+    assert lease(t, make_request("alice"), now=3.0).pods == ("p",)
+
+
+def test_a_released_pod_is_held_for_its_owner_until_the_hold_ends() -> None:
+    t = make_tracker(make_spec(caller_hold_s=30.0))
+    add_ready(t, "p")
+    run_job(t, make_request("alice"), now=10.0)
+    pod = t.get("p")
+    assert pod is not None
+    assert (pod.state, pod.owner, pod.hold_until) == (PodState.IDLE, "alice", 40.0)
+
+
+def test_the_hold_defaults_to_the_idle_timeout() -> None:
+    assert make_spec(idle_timeout_s=77.0).hold_s == 77.0
+
+
+def test_hold_expiry_retires_the_pod_never_hands_it_on() -> None:
+    t = make_tracker(make_spec(caller_hold_s=30.0))
+    add_ready(t, "p")
+    run_job(t, make_request("alice"), now=10.0)
+    assert t.expire(39.9) == []
+    deletes = t.expire(40.0)
+    assert [(d.name, d.reason) for d in deletes] == [("p", "hold_expired")]
+    assert state_of(t, "p") is PodState.RETIRING
+    miss(t, make_request("alice"), now=41.0)
+    miss(t, make_request("bob"), now=41.0)
+
+
+def test_a_new_tag_runs_once_on_the_old_pod_which_then_retires() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    run_job(t, make_request("alice", tag="s1"))
+    got = lease(t, make_request("alice", tag="s2"), now=2.0)
+    assert (got.pods, got.path, got.reason) == (("p",), "recycled", "tag_changed")
+    t.launched(got.job_id, 2.0)
+    [rel] = t.release(got.job_id, True, 3.0)
+    assert (rel.name, rel.retire, rel.reason) == ("p", True, "session_boundary")
+    assert state_of(t, "p") is PodState.RETIRING
+
+
+def test_a_queue_switch_runs_once_on_the_old_pod_which_then_retires() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    run_job(t, make_request("alice", queue="train"))
+    got = lease(t, make_request("alice", queue="eval"), now=2.0)
+    assert (got.path, got.reason) == ("recycled", "queue_changed")
+    [rel] = t.release(got.job_id, True, 3.0)
+    assert rel.retire
+
+
+def test_the_same_tag_and_queue_reuse_the_pod_without_retiring_it() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    for step in range(5):
+        got = run_job(t, make_request("alice", tag="s", queue="q"), now=float(step))
+        assert got.pods == ("p",)
+    assert state_of(t, "p") is PodState.IDLE
+
+
+def test_in_hint_mode_a_new_tag_reuses_the_pod_without_retiring_it() -> None:
+    t = make_tracker(make_spec(tag_mode="hint"))
+    add_ready(t, "p")
+    run_job(t, make_request("alice", tag="s1"))
+    got = lease(t, make_request("alice", tag="s2"), now=2.0)
+    assert (got.pods, got.path) == (("p",), "warm")
+    [rel] = t.release(got.job_id, True, 3.0)
+    assert not rel.retire
+
+
+def test_in_hint_mode_the_matching_tag_is_preferred() -> None:
+    t = make_tracker(make_spec(tag_mode="hint"))
+    add_ready(t, "a")
+    add_ready(t, "b")
+    ja, jb = make_request("alice", tag="A"), make_request("alice", tag="B")
+    la, lb = lease(t, ja), lease(t, jb)
+    for job in (ja, jb):
+        t.release(job.job_id, True, 2.0)
+    assert lease(t, make_request("alice", tag="A"), now=3.0).pods == la.pods
+    assert lease(t, make_request("alice", tag="B"), now=3.0).pods == lb.pods
+
+
+def test_in_hint_mode_a_queue_switch_still_recycles() -> None:
+    t = make_tracker(make_spec(tag_mode="hint"))
+    add_ready(t, "p")
+    run_job(t, make_request("alice", queue="a"))
+    assert lease(t, make_request("alice", queue="b"), now=2.0).path == "recycled"
+
+
+def test_an_unclean_reset_retires_the_pod() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    got = lease(t, make_request("alice"))
+    [rel] = t.release(got.job_id, False, 2.0)
+    assert (rel.retire, rel.reason) == (True, "unclean_reset")
+
+
+def test_a_single_use_job_takes_only_a_never_used_pod_and_retires_it() -> None:
+    t = make_tracker()
+    add_ready(t, "used")
+    run_job(t, make_request("alice"))
+    assert miss(t, make_request("alice", single_use=True), now=2.0).reason == "no_idle_pod"
+    add_ready(t, "clean", now=0.5)
+    got = lease(t, make_request("alice", single_use=True, queued_at=1.0), now=2.0)
+    assert (got.pods, got.path) == (("clean",), "single_use")
+    [rel] = t.release(got.job_id, True, 3.0)
+    assert (rel.retire, rel.reason) == (True, "single_use")
+
+
+def test_an_old_template_pod_retires_on_release() -> None:
+    t = make_tracker(make_spec(template="v2"))
+    add_ready(t, "old", template="v1")
+    got = lease(t, make_request("alice"))
+    [rel] = t.release(got.job_id, True, 2.0)
+    assert (rel.retire, rel.reason) == (True, "stale_template")
+
+
+def test_a_failed_commit_puts_the_pods_back_exactly_as_they_were() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    run_job(t, make_request("alice", tag="s"), now=5.0)
+    before = t.get("p")
+    got = lease(t, make_request("alice", tag="s"), now=6.0)
+    t.unclaim(got.job_id, 6.0)
+    after = t.get("p")
+    assert before is not None and after is not None
+    fields = ("state", "owner", "tag", "queue", "released_at", "hold_until", "role", "job_id")
+    assert [getattr(after, f) for f in fields] == [getattr(before, f) for f in fields]
+    assert lease(t, make_request("alice", tag="s"), now=7.0).path == "warm"
+
+
+def test_unclaim_after_launch_is_rejected() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    got = lease(t, make_request())
+    t.launched(got.job_id, 1.0)
+    with pytest.raises(IllegalTransition):
+        t.unclaim(got.job_id, 1.0)
