@@ -30,7 +30,7 @@ from gateway.pods import PodManager
 from gateway.store import JobStore, StaleRevision
 from pool_manager.budgets import BudgetLedger
 from pool_manager.model import ClaimRequest, Lease
-from pool_manager.scaler import plan
+from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 from pool_manager.tracker import Tracker
 
@@ -111,7 +111,7 @@ class Dispatcher:
             if not fut.done():
                 fut.set_result(job)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -134,29 +134,32 @@ class Dispatcher:
         if self._queue_dirty:
             self._queue.sort(key=lambda j: (-j.priority, j.submitted))
             self._queue_dirty = False
-        demand: list[ClaimRequest] = []
-        waiting: list[Job] = []
-        for job in self._queue:
-            spec = self.specs.get((job.function, job.version))
-            req = ClaimRequest(
-                job_id=job.id, caller=job.caller, sku=job.sku, lease_tag=job.lease_tag,
-                queue=job.queue, pods=job.pods_needed,
-                single_use=spec.single_use if spec is not None else False,
-                queued_at=job.submitted,
-            )
-            claim = self.tracker.claim(req, now)
-            if isinstance(claim, Lease):
-                self._spawn(self._start(job, claim))
-            else:
-                demand.append(req)
-                waiting.append(job)
-        self._queue = waiting
-        if demand or now >= self._next_reconcile:
+        requests = [self._request(job) for job in self._queue]
+        reconcile = now >= self._next_reconcile
+        result = dispatch_pass(self.tracker, requests, now, self.ledger, reconcile)
+        if result.waiting or reconcile:
             self._next_reconcile = now + self.reconcile_s
-            for delete in self.tracker.expire(now):
-                self.pods.apply(delete)
-            for action in plan(self.tracker.snapshot(now), demand, now, self.ledger):
-                self.pods.apply(action)
+        if result.leases:
+            placed = {lease.job_id: lease for lease in result.leases}
+            waiting = []
+            for job in self._queue:
+                lease = placed.get(job.id)
+                if lease is None:
+                    waiting.append(job)
+                else:
+                    self.spawn(self._start(job, lease))
+            self._queue = waiting
+        for action in result.actions:
+            self.pods.apply(action)
+
+    def _request(self, job: Job) -> ClaimRequest:
+        spec = self.specs.get((job.function, job.version))
+        return ClaimRequest(
+            job_id=job.id, caller=job.caller, sku=job.sku, lease_tag=job.lease_tag,
+            queue=job.queue, pods=job.pods_needed,
+            single_use=spec.single_use if spec is not None else False,
+            queued_at=job.submitted,
+        )
 
     # -- one job ------------------------------------------------------------------------
     async def _start(self, job: Job, lease: Lease) -> None:

@@ -106,7 +106,7 @@ async def _resume_running(broker: Broker, job: Job, reports: dict[str, dict[str,
             outcome = await broker.dispatcher.executor.wait(pods[0], attempt.id, timeout)
             await dispatcher.finish(job, pods, outcome)
 
-        dispatcher._spawn(reattach())
+        dispatcher.spawn(reattach())
     else:
         log.info("job %s: attempt %s finished during the outage", job.id, attempt.id)
         await dispatcher.finish(job, pods, Outcome.from_agent(body))

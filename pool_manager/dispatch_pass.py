@@ -1,0 +1,52 @@
+"""One dispatcher pass as a pure decision (paper §3, A.1 step 1; A.2 gangs; §7 scaling).
+
+Given the queued requests in priority order, claim each job's full pod set from the tracker;
+a job that cannot be placed is skipped, so smaller jobs behind it proceed, and becomes demand.
+When there is demand (or a reconcile is due) expire holds and ask the scaler for actions.
+The broker's dispatcher and the simulator both call exactly this; neither has its own copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pool_manager.budgets import BudgetLedger
+from pool_manager.model import Action, ClaimRequest, Lease
+from pool_manager.scaler import plan
+from pool_manager.tracker import Tracker
+
+
+@dataclass(slots=True)
+class PassResult:
+    leases: list[Lease] = field(default_factory=list)
+    """Jobs placed this pass, in the order they were claimed."""
+    waiting: list[ClaimRequest] = field(default_factory=list)
+    """Jobs left queued (the demand handed to the scaler), order kept."""
+    actions: list[Action] = field(default_factory=list)
+    """Creates and deletes for the shell to carry out (budget already reserved)."""
+
+
+def dispatch_pass(
+    tracker: Tracker,
+    queued: Sequence[ClaimRequest],
+    now: float,
+    ledger: BudgetLedger,
+    reconcile: bool,
+) -> PassResult:
+    """Claim what can be placed now; plan capacity for the rest.
+
+    ``queued`` must be in dispatch order (priority, then age). ``reconcile`` forces a scaler
+    pass even with no demand (scale-down, floors, hold expiry).
+    """
+    result = PassResult()
+    for req in queued:
+        claim = tracker.claim(req, now)
+        if isinstance(claim, Lease):
+            result.leases.append(claim)
+        else:
+            result.waiting.append(req)
+    if result.waiting or reconcile:
+        result.actions.extend(tracker.expire(now))
+        result.actions.extend(plan(tracker.snapshot(now), result.waiting, now, ledger))
+    return result
