@@ -1,0 +1,156 @@
+"""The first code of a job process: set the process up, then run the user's code.
+
+Runs either in a child forked from the zygote (``run_forked``) or as a fresh interpreter
+(``python -P -m pod_runtime.job_main CONFIG``). Both end in ``_run``, which never returns:
+
+1. become a session leader, join the job's cgroup (if any) so every descendant is tracked,
+2. stdio to the attempt log, the job environment, the package directory as cwd and on
+   ``sys.path`` (after the dependency dir), stdout line-buffered so logs stream,
+3. record ``first_instruction`` (the wall time just before user code) in its own file,
+4. entrypoint mode: import ``mod``, call ``fn(input)``, await a coroutine, write
+   ``{"ok": true, "output": ...}`` or ``{"ok": false, "type", "message", "traceback"}`` to the
+   result file (atomic rename) and ``os._exit`` (0 or 1) without running interpreter teardown;
+   command mode: ``execvpe`` the argv (the agent reads ``$FIREPOOL_OUTPUT_FILE`` after exit).
+
+Nothing here may import CUDA or touch the agent's sockets; the config is plain JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, NoReturn
+
+import orjson
+
+TRACEBACK_LINES = 40
+TRACEBACK_CHARS = 8000
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
+
+
+def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
+    with contextlib.suppress(PermissionError):
+        os.setsid()
+    cgroup_procs = cfg.get("cgroup_procs")
+    if cgroup_procs:
+        with open(cgroup_procs, "w") as procs:
+            procs.write(str(os.getpid()))
+    if forked:
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.closerange(3, 1 << 16)
+        sys.argv = [cfg.get("entrypoint") or cfg["command"][0]]
+    os.environ.clear()
+    os.environ.update(cfg["env"])
+    os.chdir(cfg["pkg_dir"])
+    for extra in reversed([cfg["pkg_dir"], *cfg.get("sys_path", [])]):
+        sys.path.insert(0, extra)
+    importlib.invalidate_caches()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def _mark_first_instruction(cfg: dict[str, Any]) -> None:
+    _write_atomic(cfg["first_instruction"], repr(time.time()).encode())
+
+
+def _flush_and_exit(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _failure(exc: BaseException, prefix: str = "") -> dict[str, Any]:
+    lines = "".join(traceback.format_exception(exc)).splitlines()
+    tail = "\n".join(lines[-TRACEBACK_LINES:])[-TRACEBACK_CHARS:]
+    return {
+        "ok": False,
+        "type": type(exc).__name__,
+        "message": prefix + str(exc),
+        "traceback": tail,
+    }
+
+
+def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
+    module_name, _, attr = cfg["entrypoint"].partition(":")
+    with open(cfg["input"], "rb") as src:
+        payload = orjson.loads(src.read())
+    _mark_first_instruction(cfg)
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+        output = fn(payload)
+        if inspect.isawaitable(output):
+            output = asyncio.run(_await(output))
+    except BaseException as exc:  # the user's failure, whatever it is, becomes the result
+        traceback.print_exception(exc)
+        return _failure(exc)
+    try:
+        orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        return _failure(exc, "return value is not JSON-serializable: ")
+    return {"ok": True, "output": output}
+
+
+def _run(cfg: dict[str, Any], *, forked: bool) -> NoReturn:
+    code = 1
+    try:
+        _setup(cfg, forked=forked)
+        if cfg.get("command"):
+            _mark_first_instruction(cfg)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            try:
+                os.execvpe(cfg["command"][0], cfg["command"], os.environ)
+            except OSError as exc:
+                print(f"firepool: cannot run {cfg['command'][0]!r}: {exc}", file=sys.stderr)
+                _flush_and_exit(127)
+        result = _call_entrypoint(cfg)
+        data = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
+        _write_atomic(cfg["result"], data)
+        code = 0 if result["ok"] else 1
+    except BaseException:
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+        code = 70
+    _flush_and_exit(code)
+
+
+def run_forked(cfg: dict[str, Any]) -> NoReturn:
+    """Entry in a child just forked from the zygote."""
+    _run(cfg, forked=True)
+
+
+def main() -> NoReturn:
+    """Entry of ``python -P -m pod_runtime.job_main CONFIG`` (exec mode)."""
+    with open(sys.argv[1], "rb") as src:
+        cfg = orjson.loads(src.read())
+    _run(cfg, forked=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Verified reset between jobs (paper §5 rule 3, A.3).
+
+Order: kill the job's whole tree and verify via /proc that none of it is alive (bounded wait
+for ``D`` state), then empty the package directory, scratch, per-attempt GPU accounting, the
+pod-private ``/tmp`` and ``/dev/shm`` (only when sandboxed: unsandboxed they are the host's),
+and any extra directory the broker names; then (with NVML) wait briefly for the GPUs'
+compute processes to go. ``clean`` is True only if every step was confirmed; ``reason`` says
+what was not. An unclean pod must be deleted by the broker, never reused.
+
+Runs on the event loop; the wipe itself runs in a worker thread. One reset at a time (the
+agent holds its attempt lock around it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from functions.errors import InvalidRequest
+from pod_runtime import proctree
+from pod_runtime.settings import PodLayout
+
+PRIVATE_TMPFS = (Path("/tmp"), Path("/dev/shm"))
+
+
+@dataclass(frozen=True, slots=True)
+class ResetReport:
+    clean: bool
+    reason: str
+    duration_ms: float
+    killed: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {"clean": self.clean, "reason": self.reason, "duration_ms": self.duration_ms}
+
+
+def empty_dir(path: Path) -> list[str]:
+    """Remove everything inside ``path`` (not ``path`` itself); return what could not go."""
+    problems: list[str] = []
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True)
+        return problems
+    except OSError as exc:
+        return [f"{path}: {exc.strerror}"]
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError as exc:
+            problems.append(f"{entry.path}: {exc.strerror}")
+    return problems
+
+
+class Resetter:
+    """Resets one pod. ``kill`` and ``gpu_check`` are injectable for tests."""
+
+    def __init__(
+        self,
+        layout: PodLayout,
+        *,
+        sandboxed: bool,
+        deadline_s: float = 2.0,
+        kill: proctree.KillFn = os.kill,
+        gpu_check: Callable[[], Awaitable[str | None]] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.sandboxed = sandboxed
+        self.deadline_s = deadline_s
+        self.kill = kill
+        self.gpu_check = gpu_check
+
+    def allowed_wipe(self, raw: str) -> Path:
+        """A broker-named wipe path must be an absolute directory inside the pod's own trees."""
+        path = Path(raw)
+        if not path.is_absolute():
+            raise InvalidRequest(f"wipe path {raw!r} is not absolute", field="wipe")
+        resolved = path.resolve()
+        roots = [self.layout.root.resolve()]
+        if self.sandboxed:
+            roots += list(PRIVATE_TMPFS)
+        if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+            raise InvalidRequest(f"wipe path {raw!r} is outside the pod", field="wipe")
+        if resolved == self.layout.root.resolve():
+            raise InvalidRequest("the pod directory itself cannot be wiped", field="wipe")
+        return resolved
+
+    def _wipe(self, extra: Sequence[Path]) -> list[str]:
+        targets = list(self.layout.wiped()) + list(extra)
+        if self.sandboxed:
+            targets += list(PRIVATE_TMPFS)
+        problems: list[str] = []
+        for target in targets:
+            problems += empty_dir(target)
+        return problems
+
+    async def reset(
+        self,
+        scope: proctree.JobScope,
+        *,
+        wipe: Sequence[str] = (),
+        extra_kill: Callable[[], None] | None = None,
+    ) -> ResetReport:
+        start = time.perf_counter()
+        extra = [self.allowed_wipe(p) for p in wipe]
+        reasons: list[str] = []
+        killed, survivors = await proctree.terminate(
+            scope, kill=self.kill, extra_kill=extra_kill, deadline_s=self.deadline_s
+        )
+        if survivors:
+            reasons.append(proctree.describe(survivors))
+        problems = await asyncio.to_thread(self._wipe, extra)
+        if problems:
+            shown = "; ".join(problems[:3])
+            reasons.append(f"{len(problems)} path(s) could not be removed: {shown}")
+        if self.gpu_check is not None:
+            gpu_problem = await self.gpu_check()
+            if gpu_problem:
+                reasons.append(gpu_problem)
+        duration_ms = (time.perf_counter() - start) * 1000.0
+        return ResetReport(
+            clean=not reasons,
+            reason="; ".join(reasons) if reasons else "clean",
+            duration_ms=round(duration_ms, 3),
+            killed=killed,
+        )

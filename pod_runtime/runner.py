@@ -1,0 +1,258 @@
+"""One attempt, start to finish: bind the package, ensure deps, start the process, collect.
+
+States: ``running`` → ``succeeded`` | ``failed`` | ``cancelled``; the result is final once
+``done`` is set and is kept by the agent until acknowledged. Timeout and cancel kill the job's
+whole tree (``proctree``) and the cause decides the error class. ``exit_code`` is set only
+when a job process exited (negative: killed by that signal). Event-loop only; the agent runs
+at most one attempt at a time, so a ``Runner`` never has two attempts in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from functions.errors import ErrorClass, FirepoolError
+from pod_runtime import archive, proctree, spawner
+from pod_runtime.deps import Dependencies
+from pod_runtime.gpu import Nvml
+from pod_runtime.jobenv import GpuEnv, build_job_env
+from pod_runtime.package import BlobCache
+from pod_runtime.protocol import AttemptResult, AttemptSpec
+from pod_runtime.reset import empty_dir
+from pod_runtime.settings import AgentSettings
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An attempt and its files; ``cause`` is set by timeout/cancel before the kill."""
+
+    spec: AttemptSpec
+    dir: Path
+    result: AttemptResult
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    pid: int | None = None
+    cause: ErrorClass | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "log"
+
+
+class Runner:
+    """Runs attempts for one pod (see module docstring for the state rules)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        reaper: spawner.Reaper,
+        zygote: spawner.ZygoteClient | None,
+        blobs: BlobCache,
+        deps: Dependencies,
+        nvml: Nvml,
+        cgroups: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.reaper = reaper
+        self.zygote = zygote
+        self.blobs = blobs
+        self.deps = deps
+        self.nvml = nvml
+        self.cgroups = cgroups
+        self.job_sessions: set[int] = set()
+
+    def new_attempt(self, spec: AttemptSpec) -> Attempt:
+        directory = self.layout.attempts / spec.attempt_id
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "log").touch()
+        return Attempt(spec, directory, AttemptResult(spec.attempt_id, started=time.time()))
+
+    def scope(self) -> proctree.JobScope:
+        exclude = {self.zygote.pid} if self.zygote is not None and self.zygote.pid else set()
+        cgroup_pids = self.cgroups.pids if self.cgroups is not None else None
+        return proctree.JobScope(os.getpid(), exclude, set(self.job_sessions), cgroup_pids)
+
+    async def run(self, attempt: Attempt) -> None:
+        """Run to a final result; never raises (failures are recorded in the result)."""
+        result = attempt.result
+        try:
+            code = await self._execute(attempt)
+            self._collect(attempt, code)
+        except asyncio.CancelledError:
+            result.state = "cancelled"
+            result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
+        except FirepoolError as exc:
+            result.state = "failed"
+            result.fail(exc.error_class, exc.message)
+        except Exception as exc:
+            result.state = "failed"
+            result.fail(ErrorClass.INTERNAL, f"agent error: {exc!r}")
+        finally:
+            result.finished = time.time()
+            attempt.done.set()
+
+    async def _bind(self, attempt: Attempt) -> list[str]:
+        spec = attempt.spec
+        await asyncio.to_thread(empty_dir, self.layout.pkg)
+        if spec.package is not None:
+            zip_path, _ = await self.blobs.get(spec.package)
+            await asyncio.to_thread(
+                archive.extract, zip_path, self.layout.pkg, self.settings.limits
+            )
+        if spec.requirements is not None:
+            return [str(await self.deps.ensure(spec.requirements, attempt.log))]
+        return []
+
+    def _gpu_env(self, attempt: Attempt) -> GpuEnv:
+        uuids = self.settings.gpu_uuids
+        if not uuids:
+            return GpuEnv()
+        cache = self.layout.gpu_accounting / f"{attempt.spec.attempt_id}.cache"
+        return GpuEnv(uuids, self.nvml.memory_mib(uuids), str(cache))
+
+    async def _execute(self, attempt: Attempt) -> int:
+        spec = attempt.spec
+        sys_path = await self._bind(attempt)
+        gpu = GpuEnv()
+        if self.settings.gpu_uuids:
+            gpu = await asyncio.to_thread(self._gpu_env, attempt)
+        files = {
+            "input": str(attempt.dir / "input.json"),
+            "result": str(attempt.dir / "result.json"),
+            "first_instruction": str(attempt.dir / "first_instruction"),
+        }
+        agent_env = {
+            "FIREPOOL_ATTEMPT_ID": spec.attempt_id,
+            "FIREPOOL_POD": self.settings.pod_name,
+            "FIREPOOL_INPUT_FILE": files["input"],
+            "FIREPOOL_OUTPUT_FILE": str(attempt.dir / "output.json"),
+            "FIREPOOL_SCRATCH_DIR": str(self.layout.scratch),
+            "TMPDIR": str(self.layout.scratch),
+        }
+        env, dropped = build_job_env(
+            pod_env=os.environ,
+            user_env=spec.env,
+            system_env=spec.system_env,
+            agent_env=agent_env,
+            gpu=gpu,
+        )
+        if dropped:
+            with attempt.log.open("a") as log:
+                log.write(f"[firepool] dropped environment variables: {', '.join(dropped)}\n")
+        Path(files["input"]).write_bytes(orjson.dumps(spec.input))
+        cfg: dict[str, Any] = {
+            **files,
+            "entrypoint": spec.entrypoint,
+            "command": list(spec.command) if spec.command else None,
+            "pkg_dir": str(self.layout.pkg),
+            "sys_path": sys_path,
+            "env": env,
+            "log": str(attempt.log),
+            "cgroup_procs": self.cgroups.new_job(spec.attempt_id) if self.cgroups else None,
+        }
+        if self.zygote is not None:
+            pid = await self.zygote.spawn(cfg)
+        else:
+            pid = spawner.exec_job(cfg, attempt.dir / "cfg.json", self.settings.python, self.reaper)
+        attempt.pid = pid
+        self.job_sessions.add(pid)
+        exited = self.reaper.expect(pid)
+        try:
+            return await asyncio.wait_for(asyncio.shield(exited), spec.timeout_s)
+        except TimeoutError:
+            await self.kill(attempt, ErrorClass.TIMEOUT)
+            return await exited
+
+    async def kill(self, attempt: Attempt, cause: ErrorClass) -> None:
+        """Timeout or cancel: record the cause, then kill the job's whole tree."""
+        if attempt.done.is_set() or attempt.cause is not None:
+            return
+        attempt.cause = cause
+        if attempt.pid is None:
+            if attempt.task is not None:
+                attempt.task.cancel()
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(attempt.pid, signal.SIGKILL)
+        await proctree.terminate(self.scope(), deadline_s=self.settings.reset_deadline_s)
+
+    def _collect(self, attempt: Attempt, code: int) -> None:
+        result, spec = attempt.result, attempt.spec
+        result.exit_code = code
+        with contextlib.suppress(OSError, ValueError):
+            text = (attempt.dir / "first_instruction").read_text()
+            result.first_instruction = float(text)
+        if attempt.cause is not None:
+            result.state = "cancelled" if attempt.cause == ErrorClass.CANCELLED else "failed"
+            what = "timed out" if attempt.cause == ErrorClass.TIMEOUT else "was cancelled"
+            result.fail(attempt.cause, f"the job {what}; its process tree was killed")
+            return
+        oom = self.cgroups.oom_killed() if self.cgroups is not None else False
+        if oom:
+            result.state = "failed"
+            result.fail(ErrorClass.OOM, "the job exceeded its memory limit and was killed")
+            return
+        if spec.command:
+            self._collect_command(attempt, code)
+        else:
+            self._collect_entrypoint(attempt, code)
+
+    def _collect_command(self, attempt: Attempt, code: int) -> None:
+        result = attempt.result
+        if code != 0:
+            result.state = "failed"
+            result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
+            return
+        result.state = "succeeded"
+        try:
+            raw = (attempt.dir / "output.json").read_bytes()
+        except OSError:
+            return
+        try:
+            result.output = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            result.output = raw.decode("utf-8", "replace")
+
+    def _collect_entrypoint(self, attempt: Attempt, code: int) -> None:
+        result = attempt.result
+        try:
+            outcome = orjson.loads((attempt.dir / "result.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            result.state = "failed"
+            if code == 0:
+                result.fail(ErrorClass.FUNCTION_ERROR, "the process exited without a result")
+            else:
+                result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
+            return
+        if outcome.get("ok"):
+            result.state = "succeeded"
+            result.output = outcome.get("output")
+            return
+        result.state = "failed"
+        result.fail(
+            ErrorClass.FUNCTION_ERROR,
+            f"{outcome.get('type')}: {outcome.get('message')}",
+            type=str(outcome.get("type")),
+            traceback=str(outcome.get("traceback")),
+        )
+
+
+def exit_message(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the process was killed by {name}"
+    return f"the process exited with code {code}"

@@ -1,0 +1,134 @@
+"""Agent settings, read once from the command line, and the pod directory layout.
+
+``python -m pod_runtime.agent --pod-name NAME --pod-dir DIR --listen unix:PATH|tcp:HOST:PORT``
+``[--preload a,b] [--no-zygote] [--role active|standby] [--gpu-uuid U]... [--no-network-note]``
+``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
+``[--reset-deadline-s S]``. Frozen after start; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pod_runtime.archive import ArchiveLimits
+
+
+@dataclass(frozen=True, slots=True)
+class PodLayout:
+    """Where things live under the pod directory (docs/architecture.md §1)."""
+
+    root: Path
+
+    @property
+    def pkg(self) -> Path:
+        """The job's package; emptied by every reset."""
+        return self.root / "workspace" / "pkg"
+
+    @property
+    def scratch(self) -> Path:
+        """The job's TMPDIR and scratch space; emptied by every reset."""
+        return self.root / "workspace" / "scratch"
+
+    @property
+    def gpu_accounting(self) -> Path:
+        """Per-attempt HAMi shared-cache files; emptied by every reset."""
+        return self.root / "workspace" / "gpu"
+
+    @property
+    def blobs(self) -> Path:
+        """Verified packages and requirements files by digest; kept across jobs."""
+        return self.root / "cache" / "blobs"
+
+    @property
+    def site(self) -> Path:
+        """Incrementally installed dependencies (``uv pip install --target``); kept."""
+        return self.root / "cache" / "site"
+
+    @property
+    def attempts(self) -> Path:
+        """Per-attempt files (log, input, result) kept until the result is acknowledged."""
+        return self.root / "attempts"
+
+    def wiped(self) -> tuple[Path, ...]:
+        return (self.pkg, self.scratch, self.gpu_accounting)
+
+    def create(self) -> None:
+        for path in (*self.wiped(), self.blobs, self.site, self.attempts):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """Everything the agent is told at start."""
+
+    pod_name: str
+    """The pod's name, reported by /healthz."""
+    pod_dir: Path
+    """The pod directory; the only tree the pod may write when sandboxed."""
+    listen: str
+    """``unix:PATH`` or ``tcp:HOST:PORT``."""
+    preload: tuple[str, ...] = ()
+    """Modules the zygote imports once (must not start threads or touch CUDA)."""
+    zygote: bool = True
+    """Fork jobs from a warm zygote; False execs a fresh interpreter per job."""
+    role: str = "active"
+    """``active`` or ``standby`` (a standby loads no GPU library until a job arrives)."""
+    gpu_uuids: tuple[str, ...] = ()
+    """GPUs this pod may use, pinned by UUID in each job's environment."""
+    network: bool = True
+    """False with ``--no-network-note``: the launcher gave the pod no network (noted in
+    /healthz); http(s) package URLs cannot be fetched then, only ``file://``."""
+    sandboxed: bool = False
+    """Set by ``launch.agent_command`` under bubblewrap: /tmp and /dev/shm are private."""
+    limits: ArchiveLimits = field(default_factory=ArchiveLimits)
+    """Package caps."""
+    reset_deadline_s: float = 2.0
+    """How long reset waits for the job's tasks (including D state) to die."""
+    python: str = sys.executable
+    """Interpreter for the zygote, exec-mode jobs and dependency installs."""
+
+    @property
+    def layout(self) -> PodLayout:
+        return PodLayout(self.pod_dir)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
+    parser = argparse.ArgumentParser(prog="pod_runtime.agent")
+    parser.add_argument("--pod-name", required=True)
+    parser.add_argument("--pod-dir", required=True, type=Path)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--preload", default="")
+    parser.add_argument("--no-zygote", action="store_true")
+    parser.add_argument("--role", choices=("active", "standby"), default="active")
+    parser.add_argument("--gpu-uuid", action="append", default=[])
+    parser.add_argument("--no-network-note", action="store_true")
+    parser.add_argument("--sandboxed", action="store_true")
+    defaults = ArchiveLimits()
+    parser.add_argument("--max-package-bytes", type=int, default=defaults.max_compressed)
+    parser.add_argument("--max-extract-bytes", type=int, default=defaults.max_written)
+    parser.add_argument("--max-files", type=int, default=defaults.max_files)
+    parser.add_argument("--reset-deadline-s", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    if not (args.listen.startswith("unix:") or args.listen.startswith("tcp:")):
+        parser.error("--listen must be unix:PATH or tcp:HOST:PORT")
+    return AgentSettings(
+        pod_name=args.pod_name,
+        pod_dir=args.pod_dir.resolve(),
+        listen=args.listen,
+        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
+        zygote=not args.no_zygote,
+        role=args.role,
+        gpu_uuids=tuple(u for u in args.gpu_uuid if u),
+        network=not args.no_network_note,
+        sandboxed=args.sandboxed,
+        limits=ArchiveLimits(
+            max_compressed=args.max_package_bytes,
+            max_written=args.max_extract_bytes,
+            max_files=args.max_files,
+        ),
+        reset_deadline_s=args.reset_deadline_s,
+    )

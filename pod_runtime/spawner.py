@@ -1,0 +1,184 @@
+"""Starting job processes: forked from the zygote, or a fresh interpreter (exec mode).
+
+The agent is a child subreaper and the only reaper of its children: ``Reaper`` handles
+SIGCHLD, ``waitpid(-1)`` reaps everything (so orphaned job processes never linger as zombies)
+and resolves the futures of the pids someone ``expect``-ed. No asyncio subprocess is used
+anywhere in the agent, so no child watcher competes for exit statuses.
+
+Zygote jobs are children of the zygote; their exit status arrives as a zygote event and
+resolves the same futures. If the zygote dies, its jobs reparent to the agent and the agent's
+own ``waitpid`` resolves them. Event-loop only; one spawn at a time (the agent runs one
+attempt at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ZYGOTE_START_TIMEOUT_S = 120.0
+
+
+class Reaper:
+    """Reaps every child of the agent; ``wait(pid)`` returns that pid's exit code."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._futures: dict[int, asyncio.Future[int]] = {}
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+
+    def expect(self, pid: int) -> asyncio.Future[int]:
+        """Register interest in ``pid`` (call right after creating it, before awaiting)."""
+        future = self._futures.get(pid)
+        if future is None:
+            future = self._futures[pid] = self._loop.create_future()
+        return future
+
+    def resolve(self, pid: int, status: int) -> None:
+        future = self._futures.pop(pid, None)
+        if future is not None and not future.done():
+            future.set_result(os.waitstatus_to_exitcode(status))
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.resolve(pid, status)
+
+    async def wait(self, pid: int) -> int:
+        return await asyncio.shield(self.expect(pid))
+
+    def close(self) -> None:
+        self._loop.remove_signal_handler(signal.SIGCHLD)
+
+
+def spawn_process(argv: Sequence[str], env: dict[str, str], *, log: Path, reaper: Reaper) -> int:
+    """posix_spawn ``argv`` in a new session, stdout+stderr appended to ``log``."""
+    pid = os.posix_spawn(
+        argv[0],
+        list(argv),
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
+    reaper.expect(pid)
+    return pid
+
+
+def exec_job(cfg: dict[str, Any], cfg_path: Path, python: str, reaper: Reaper) -> int:
+    """Start a fresh interpreter running ``pod_runtime.job_main`` (zygote disabled)."""
+    cfg_path.write_bytes(orjson.dumps(cfg))
+    argv = [python, "-P", "-m", "pod_runtime.job_main", str(cfg_path)]
+    return spawn_process(argv, cfg["env"], log=Path(cfg["log"]), reaper=reaper)
+
+
+class ZygoteClient:
+    """The agent's handle on its zygote process; restarts it lazily when it died."""
+
+    def __init__(self, *, python: str, preload: Sequence[str], reaper: Reaper) -> None:
+        self.python = python
+        self.preload = tuple(preload)
+        self.reaper = reaper
+        self.pid: int | None = None
+        self.info: dict[str, Any] = {}
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        argv = [self.python, "-P", "-m", "pod_runtime.zygote", "--preload", ",".join(self.preload)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FIREPOOL_AGENT_")}
+        try:
+            self.pid = os.posix_spawn(
+                argv[0],
+                argv,
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 0),
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 1),
+                ],
+            )
+        finally:
+            theirs.close()
+        exited = self.reaper.expect(self.pid)
+        exited.add_done_callback(lambda _: self._on_exit())
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        line = await asyncio.wait_for(self._reader.readline(), ZYGOTE_START_TIMEOUT_S)
+        if not line:
+            raise RuntimeError("zygote exited during start (see agent.log)")
+        self.info = orjson.loads(line)
+        if self.info.get("cuda"):
+            print(
+                f"agent: WARNING zygote mapped {self.info['cuda']} after preload; "
+                "forked jobs may not be able to use CUDA",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._pump = asyncio.create_task(self._read_events())
+
+    def _on_exit(self) -> None:
+        self.pid = None
+
+    async def _read_events(self) -> None:
+        assert self._reader is not None
+        while line := await self._reader.readline():
+            event = orjson.loads(line)
+            if event.get("event") == "exit":
+                self.reaper.resolve(int(event["pid"]), int(event["status"]))
+            else:
+                if event.get("event") == "spawned":
+                    # Before the next line is read: the exit event may follow right behind.
+                    self.reaper.expect(int(event["pid"]))
+                await self._events.put(event)
+        await self._events.put({"event": "gone"})
+
+    async def spawn(self, cfg: dict[str, Any]) -> int:
+        """Fork a job from the zygote; return its pid (already ``expect``-ed)."""
+        async with self._lock:
+            if self.pid is None or self._writer is None or self._writer.is_closing():
+                await self.close()
+                await self.start()
+            assert self._writer is not None
+            self._writer.write(orjson.dumps({"op": "spawn", "cfg": cfg}) + b"\n")
+            await self._writer.drain()
+            event = await self._events.get()
+            if event.get("event") != "spawned":
+                raise RuntimeError("zygote died while forking a job")
+            return int(event["pid"])
+
+    async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await self._writer.wait_closed()
+            self._writer = None
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.pid = None
+        self._events = asyncio.Queue()

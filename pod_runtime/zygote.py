@@ -1,0 +1,135 @@
+"""The zygote: a warm interpreter that imported the pool's ``preload`` modules and forks jobs.
+
+Started by the agent as ``python -P -m pod_runtime.zygote --preload a,b`` with a socket on
+stdin/stdout (newline-delimited JSON, one request at a time) and the agent log on stderr.
+
+Protocol (zygote → agent): ``{"event": "ready", "preloaded": [...]}`` once, then for each
+``{"op": "spawn", "cfg": {...}}`` a ``{"event": "spawned", "pid": P}`` written *before* any
+``{"event": "exit", "pid": P, "status": S}`` for it (raw ``waitpid`` status).
+
+Invariants and fork-safety:
+
+* Single-threaded, no CUDA: preloaded modules must not start threads or open a CUDA context at
+  import (threads do not survive ``fork``; a CUDA context cannot be forked). After preloading,
+  the zygote reports the ``libcuda`` mappings it finds so the agent can warn.
+* The zygote is a child subreaper: orphans of a job (double-fork, ``setsid`` daemons) reparent
+  to it, it reaps every child, and the agent counts all its descendants as job processes.
+* A forked child closes every inherited descriptor above 2 before user code (``job_main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+import orjson
+
+from pod_runtime.job_main import run_forked
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants reparent to this process (Linux >= 3.4)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def cuda_mapped() -> list[str]:
+    """Shared objects of the CUDA driver mapped into this process (should be none)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "libcuda" in line})
+    except OSError:
+        return []
+
+
+def _send(message: dict[str, Any]) -> None:
+    data = orjson.dumps(message) + b"\n"
+    while data:
+        data = data[os.write(1, data) :]
+
+
+class Zygote:
+    """The fork loop. Owns fds 0/1 (control socket) and a self-pipe for SIGCHLD."""
+
+    def __init__(self) -> None:
+        self.jobs: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.jobs:
+                self.jobs.discard(pid)
+                _send({"event": "exit", "pid": pid, "status": status})
+
+    def spawn(self, cfg: dict[str, Any]) -> None:
+        pid = os.fork()
+        if pid == 0:
+            run_forked(cfg)
+        self.jobs.add(pid)
+        _send({"event": "spawned", "pid": pid})
+
+    def serve(self) -> None:
+        buf = b""
+        while True:
+            ready, _, _ = select.select([0, self.wake_r], [], [])
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_r, 512):
+                        pass
+                self.reap()
+            if 0 in ready:
+                data = os.read(0, 1 << 20)
+                if not data:
+                    return
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    request = orjson.loads(line)
+                    if request.get("op") == "spawn":
+                        self.spawn(request["cfg"])
+            self.reap()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="pod_runtime.zygote")
+    parser.add_argument("--preload", default="")
+    args = parser.parse_args()
+    loaded = []
+    for name in (m.strip() for m in args.preload.split(",")):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as exc:  # a broken preload must not take the pod down
+            print(f"zygote: cannot preload {name}: {exc!r}", file=sys.stderr, flush=True)
+    subreaper = set_child_subreaper()
+    zygote = Zygote()
+    _send({"event": "ready", "preloaded": loaded, "cuda": cuda_mapped(), "subreaper": subreaper})
+    zygote.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Real pod agents on unix sockets, and builders for packages and job bodies."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("pod", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class AgentProcess:
+    """One ``python -m pod_runtime.agent`` process and a tiny blocking JSON client."""
+
+    def __init__(self, pod_dir: Path, *extra: str, argv: list[str] | None = None) -> None:
+        self.pod_dir = pod_dir
+        self.socket = pod_dir / "agent.sock"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        self.argv = argv or [
+            sys.executable,
+            "-P",
+            "-m",
+            "pod_runtime.agent",
+            "--pod-name",
+            pod_dir.name,
+            "--pod-dir",
+            str(pod_dir),
+            "--listen",
+            f"unix:{self.socket}",
+            *extra,
+        ]
+        self.log = open(pod_dir / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, _ = self.call("GET", "/healthz", timeout=1.0)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError((pod_dir / "agent.log").read_text())
+            time.sleep(0.02)
+
+    def call(
+        self, method: str, path: str, body: Any = None, timeout: float = 60.0
+    ) -> tuple[int, Any]:
+        conn = _UnixConnection(str(self.socket), timeout)
+        try:
+            data = orjson.dumps(body) if body is not None else None
+            conn.request(method, path, body=data)
+            resp = conn.getresponse()
+            raw = resp.read()
+            return resp.status, orjson.loads(raw) if raw else None
+        finally:
+            conn.close()
+
+    def run(self, spec: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        status, body = self.call("POST", "/attempts", {**spec, "wait": True}, timeout)
+        assert status == 200, body
+        return body
+
+    def reset(self, **body: Any) -> dict[str, Any]:
+        status, report = self.call("POST", "/reset", body)
+        assert status == 200, report
+        return report
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def make_zip(path: Path, files: dict[str, str | bytes]) -> tuple[str, str]:
+    """Write a package zip; return (file:// url, sha256)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, content in files.items():
+            zf.writestr(name, content)
+    return path.as_uri(), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def proc_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
+@pytest.fixture(scope="module")
+def agent_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., AgentProcess]]:
+    started: list[AgentProcess] = []
+
+    def start(*extra: str, name: str = "pod") -> AgentProcess:
+        agent = AgentProcess(tmp_path_factory.mktemp(name), *extra)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
+
+
+@pytest.fixture(scope="module")
+def agent(agent_factory: Callable[..., AgentProcess]) -> AgentProcess:
+    return agent_factory()
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The standard test package: {"url", "digest"} of jobs.py (see JOBS)."""
+    url, digest = make_zip(tmp_path_factory.mktemp("pkg") / "jobs.zip", {"jobs.py": JOBS})
+    return {"url": url, "digest": digest}
+
+
+JOBS = """
+import asyncio, os, subprocess, sys, time
+
+def echo(x):
+    print("echo says", x, flush=True)
+    return {"input": x, "cwd": os.getcwd(), "env": {k: v for k, v in os.environ.items()}}
+
+async def double(x):
+    await asyncio.sleep(0)
+    return x * 2
+
+def boom(x):
+    raise ValueError(f"bad input {x}")
+
+def unserializable(x):
+    return {"set": {1, 2}}
+
+def exit_code(x):
+    os._exit(x)
+
+def sleep(x):
+    print("sleeping", flush=True)
+    time.sleep(x)
+    return "woke"
+
+def daemon(x):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+    return p.pid
+
+def chatty(x):
+    for i in range(x):
+        print(f"line {i}", flush=True)
+    return x
+"""

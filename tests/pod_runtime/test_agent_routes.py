@@ -1,0 +1,233 @@
+"""The agent protocol of docs/architecture.md §1, against a real agent on a unix socket."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
+
+
+def spec(
+    attempt_id: str,
+    package: dict[str, str] | None,
+    entrypoint: str,
+    input: Any = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt_id,
+        "package": package,
+        "entrypoint": entrypoint,
+        "input": input,
+        **extra,
+    }
+
+
+def test_healthz_names_the_pod_and_its_kept_attempts(agent: AgentProcess) -> None:
+    status, body = agent.call("GET", "/healthz")
+    assert status == 200
+    assert body["pod"] == agent.pod_dir.name
+    assert body["role"] == "active"
+    assert body["busy"] is False
+    assert isinstance(body["attempts"], list)
+
+
+def test_sync_attempt_returns_the_output_with_timings(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    result = agent.run(spec("sync-1:1", package, "jobs:echo", {"a": 1}))
+    assert result["state"] == "succeeded", result
+    assert result["output"]["input"] == {"a": 1}
+    assert result["output"]["cwd"] == str(agent.pod_dir / "workspace" / "pkg")
+    assert result["error"] is None and result["exit_code"] == 0
+    assert result["started"] <= result["first_instruction"] <= result["finished"]
+    assert agent.run(spec("sync-2:1", package, "jobs:double", 21))["output"] == 42
+
+
+def test_async_attempt_answers_202_then_long_polls(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    status, body = agent.call("POST", "/attempts", spec("async-1:1", package, "jobs:sleep", 0.3))
+    assert status == 202 and body == {"attempt_id": "async-1:1"}
+    status, body = agent.call("GET", "/attempts/async-1:1")
+    assert status == 200 and body["state"] == "running"
+    status, body = agent.call("GET", "/attempts/async-1:1?wait=10")
+    assert body["state"] == "succeeded" and body["output"] == "woke"
+    assert agent.call("GET", "/attempts/nope:1")[0] == 404
+
+
+def test_a_busy_pod_answers_409_and_cancel_kills_the_job(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    assert agent.call("POST", "/attempts", spec("busy-1:1", package, "jobs:sleep", 30))[0] == 202
+    status, body = agent.call("POST", "/attempts", spec("busy-2:1", package, "jobs:echo", 1))
+    assert status == 409 and body["error"]["class"] == "Conflict"
+    assert agent.call("GET", "/healthz")[1]["busy"] is True
+    start = time.monotonic()
+    status, body = agent.call("DELETE", "/attempts/busy-1:1")
+    assert time.monotonic() - start < 5
+    assert body["state"] == "cancelled" and body["error"]["class"] == "Cancelled"
+    assert agent.run(spec("busy-2:1", package, "jobs:echo", 1))["state"] == "succeeded"
+
+
+def test_user_failures_have_their_error_classes(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    boom = agent.run(spec("fail-1:1", package, "jobs:boom", 7))
+    assert boom["state"] == "failed" and boom["error"]["class"] == "FunctionError"
+    assert "ValueError: bad input 7" in boom["error"]["message"]
+    assert "raise ValueError" in boom["error"]["traceback"]
+    bad = agent.run(spec("fail-2:1", package, "jobs:unserializable"))
+    assert bad["error"]["class"] == "FunctionError" and "JSON" in bad["error"]["message"]
+    code = agent.run(spec("fail-3:1", package, "jobs:exit_code", 3))
+    assert code["error"]["class"] == "NonZeroExit" and code["exit_code"] == 3
+    missing = agent.run(spec("fail-4:1", package, "nosuchmodule:fn"))
+    assert missing["error"]["class"] == "FunctionError" and missing["exit_code"] == 1
+
+
+def test_timeout_kills_the_tree(agent: AgentProcess, package: dict[str, str]) -> None:
+    result = agent.run(spec("slow-1:1", package, "jobs:sleep", 60, timeout_s=0.5))
+    assert result["state"] == "failed" and result["error"]["class"] == "Timeout"
+    assert result["finished"] - result["started"] < 5
+
+
+def test_command_mode_reads_input_and_output_files(agent: AgentProcess, tmp_path: Path) -> None:
+    script = (
+        "import json, os\n"
+        "x = json.load(open(os.environ['FIREPOOL_INPUT_FILE']))\n"
+        "json.dump({'got': x}, open(os.environ['FIREPOOL_OUTPUT_FILE'], 'w'))\n"
+    )
+    url, digest = make_zip(tmp_path / "cmd.zip", {"run.py": script})
+    pkg = {"url": url, "digest": digest}
+    body = {
+        "attempt_id": "cmd-1:1",
+        "package": pkg,
+        "command": ["python3", "run.py"],
+        "input": [1, 2],
+    }
+    result = agent.run(body)
+    assert result["state"] == "succeeded" and result["output"] == {"got": [1, 2]}
+    failing = agent.run({**body, "attempt_id": "cmd-2:1", "command": ["sh", "-c", "exit 4"]})
+    assert failing["error"]["class"] == "NonZeroExit" and failing["exit_code"] == 4
+
+
+def test_a_wrong_digest_is_rejected_before_anything_runs(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    wrong = {"url": package["url"], "digest": "0" * 64}
+    result = agent.run(spec("digest-1:1", wrong, "jobs:echo"))
+    assert result["error"]["class"] == "PackageRejected"
+    assert "digest mismatch" in result["error"]["message"]
+    assert result["exit_code"] is None and result["first_instruction"] is None
+
+
+def test_logs_stream_by_offset(agent: AgentProcess, package: dict[str, str]) -> None:
+    agent.run(spec("logs-1:1", package, "jobs:chatty", 50))
+    data, offset = "", 0
+    while True:
+        status, chunk = agent.call("GET", f"/attempts/logs-1:1/logs?offset={offset}")
+        assert status == 200
+        data += chunk["data"]
+        offset = chunk["offset"]
+        if chunk["done"]:
+            break
+    assert data.splitlines() == [f"line {i}" for i in range(50)]
+    tail = agent.call("GET", f"/attempts/logs-1:1/logs?offset={offset - 8}")[1]
+    assert tail["data"] == "line 49\n"
+
+
+def test_results_are_kept_until_acknowledged(agent: AgentProcess, package: dict[str, str]) -> None:
+    agent.run(spec("ack-1:1", package, "jobs:double", 1))
+    assert "ack-1:1" in agent.call("GET", "/healthz")[1]["attempts"]
+    assert agent.call("GET", "/attempts/ack-1:1")[1]["output"] == 2
+    status, _ = agent.call("DELETE", "/attempts/ack-1:1/result")
+    assert status == 200
+    assert agent.call("GET", "/attempts/ack-1:1")[0] == 404
+    assert "ack-1:1" not in agent.call("GET", "/healthz")[1]["attempts"]
+
+
+def test_reposting_a_known_attempt_does_not_run_it_twice(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    first = agent.run(spec("dup-1:1", package, "jobs:echo", 1))
+    again = agent.run(spec("dup-1:1", package, "jobs:echo", 1))
+    assert again == first
+
+
+def test_unknown_fields_are_rejected_by_name(agent: AgentProcess) -> None:
+    status, body = agent.call(
+        "POST", "/attempts", {"attempt_id": "x:1", "entrypoint": "a:b", "bogus": 1}
+    )
+    assert status == 400 and body["error"]["field"] == "bogus"
+    status, body = agent.call("POST", "/attempts", {"attempt_id": "x:1"})
+    assert status == 400
+
+
+def test_reset_kills_leftover_daemons_and_wipes_the_package(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    daemon_pid = agent.run(spec("reset-1:1", package, "jobs:daemon"))["output"]
+    assert proc_alive(daemon_pid)
+    scratch = agent.pod_dir / "workspace" / "scratch"
+    (scratch / "left.txt").write_text("x")
+    report = agent.reset()
+    assert report["clean"] is True, report
+    assert report["duration_ms"] >= 0
+    assert not proc_alive(daemon_pid)
+    assert list((agent.pod_dir / "workspace" / "pkg").iterdir()) == []
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_cached_package_is_not_fetched_again(agent: AgentProcess, tmp_path: Path) -> None:
+    path = tmp_path / "once.zip"
+    url, digest = make_zip(path, {"once.py": "def f(x):\n    return 'once'\n"})
+    pkg = {"url": url, "digest": digest}
+    assert agent.run(spec("cache-1:1", pkg, "once:f"))["output"] == "once"
+    path.unlink()
+    assert agent.run(spec("cache-2:1", pkg, "once:f"))["output"] == "once"
+
+
+def test_packages_are_fetched_over_http(agent: AgentProcess, tmp_path: Path) -> None:
+    _, digest = make_zip(tmp_path / "web.zip", {"web.py": "def f(x):\n    return 'web'\n"})
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        pkg = {"url": f"http://127.0.0.1:{port}/web.zip?sig=abc", "digest": digest}
+        assert agent.run(spec("http-1:1", pkg, "web:f"))["output"] == "web"
+        missing = {"url": f"http://127.0.0.1:{port}/nope.zip", "digest": digest[::-1]}
+        result = agent.run(spec("http-2:1", missing, "web:f"))
+        assert result["error"]["class"] == "PackageRejected"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_exec_mode_runs_a_fresh_interpreter(
+    agent_factory: Callable[..., AgentProcess], package: dict[str, str]
+) -> None:
+    plain = agent_factory("--no-zygote", name="exec")
+    assert plain.call("GET", "/healthz")[1]["zygote"] is False
+    result = plain.run(spec("exec-1:1", package, "jobs:echo", 5))
+    assert result["state"] == "succeeded" and result["output"]["input"] == 5
+    assert plain.run(spec("exec-2:1", package, "jobs:boom", 1))["error"]["class"] == (
+        "FunctionError"
+    )
+    daemon_pid = plain.run(spec("exec-3:1", package, "jobs:daemon"))["output"]
+    assert plain.reset()["clean"] is True
+    assert not proc_alive(daemon_pid)
