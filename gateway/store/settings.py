@@ -19,12 +19,14 @@ class StoreSettings:
     """Connections kept for reads (each read runs in a worker thread on its own connection)."""
 
     idempotency_retention_s: float | None = 24 * 3600.0
-    """How long an ``Idempotency-Key`` deduplicates (from the job's submit time); None: forever.
-    After it, the same key and caller create a new job."""
+    """How long an ``Idempotency-Key`` deduplicates, from the first job's submit time to the new
+    request's; None: forever. After it, the same key and caller create a new job (the old job
+    gives the key up in the same transaction)."""
 
     result_retention_s: float | None = 7 * 24 * 3600.0
     """How long a finished job keeps its output (and its logs, which the executor deletes for
-    the ids ``expire`` returns); None: forever. After it the job reports ``output_expired``."""
+    the ids ``JobStore.expire`` returns); None: forever. After it the job's output is gone and
+    it reports ``output_expired``, which the API answers with error class ``Expired``."""
 
     def __post_init__(self) -> None:
         if self.busy_timeout_s < 0:

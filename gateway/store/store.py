@@ -118,6 +118,8 @@ class JobStore:
         job.revision = expected_revision + 1
 
     async def get_job(self, job_id: str) -> Job | None:
+        """The stored job, or None. Past result retention its ``output`` is None and the row's
+        ``output_expired`` is set (copied to ``Job.output_expired`` when the model has it)."""
         rows = await self._read_rows(select(jobs).where(jobs.c.id == job_id))
         return job_from_row(rows[0]) if rows else None
 
@@ -148,6 +150,16 @@ class JobStore:
             .order_by(jobs.c.submitted, jobs.c.id)
         )
         return [job_from_row(r) for r in await self._read_rows(stmt)]
+
+    async def expire(self, now: float, *, limit: int = 1000) -> list[str]:
+        """Clear outputs older than ``settings.result_retention_s``; return the job ids cleared
+        (the caller deletes their logs). At most ``limit`` per call: call again while the list
+        is full. Idempotency keys need no sweep: ``submit`` ignores keys past retention."""
+        retention = self.settings.result_retention_s
+        if retention is None:
+            return []
+        op = functools.partial(writes.expire_outputs, cutoff=now - retention, limit=limit)
+        return await self._writer.run(op)
 
     # -- functions and packages -----------------------------------------------------------
 

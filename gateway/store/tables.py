@@ -34,7 +34,7 @@ class JobRow(Base):
         Index("ix_jobs_state_submitted", "state", "submitted"),
         Index("ix_jobs_caller_submitted", "caller", "submitted"),
         Index("ix_jobs_function_submitted", "function", "submitted"),
-        Index("ix_jobs_finished", "finished"),
+        Index("ix_jobs_expiry", "output_expired", "finished"),
         Index("uq_jobs_caller_idempotency", "caller", "idempotency_key", unique=True),
         {"mysql_charset": "utf8mb4"},
     )

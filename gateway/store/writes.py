@@ -15,7 +15,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import Dialect, Update, bindparam, func, insert, literal_column, select, update
+from sqlalchemy import (
+    Dialect,
+    Update,
+    bindparam,
+    false,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
@@ -164,3 +174,29 @@ def put_package(ctx: WriteContext, digest: str, size: int, created: float) -> No
     known = ctx.conn.execute(select(packages.c.digest).where(packages.c.digest == digest)).first()
     if known is None:
         ctx.conn.execute(insert(packages).values(digest=digest, size=size, created=created))
+
+
+def expire_outputs(ctx: WriteContext, cutoff: float, limit: int) -> list[str]:
+    """Clear the output of up to ``limit`` terminal jobs finished before ``cutoff`` and mark
+    them ``output_expired``; return their ids. Their revision moves by one (a durable change;
+    a terminal job has no owner holding a revision)."""
+    terminal = [s.value for s in TERMINAL_JOB_STATES]
+    ids = list(
+        ctx.conn.execute(
+            select(jobs.c.id)
+            .where(
+                jobs.c.output_expired == false(),
+                jobs.c.finished < cutoff,
+                jobs.c.state.in_(terminal),
+            )
+            .order_by(jobs.c.finished)
+            .limit(limit)
+        ).scalars()
+    )
+    if ids:
+        ctx.conn.execute(
+            update(jobs)
+            .where(jobs.c.id.in_(ids))
+            .values(output=None, output_expired=True, revision=jobs.c.revision + 1)
+        )
+    return ids

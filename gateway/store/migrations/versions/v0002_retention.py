@@ -1,4 +1,4 @@
-"""Result retention: a job's output can expire; find expirable jobs by finish time.
+"""Result retention: a job's output can expire; find unexpired finished jobs by finish time.
 
 Revision ID: 0002
 Revises: 0001
@@ -20,9 +20,9 @@ def upgrade() -> None:
         "jobs",
         sa.Column("output_expired", sa.Boolean, nullable=False, server_default=sa.false()),
     )
-    op.create_index("ix_jobs_finished", "jobs", ["finished"])
+    op.create_index("ix_jobs_expiry", "jobs", ["output_expired", "finished"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_jobs_finished", table_name="jobs")
+    op.drop_index("ix_jobs_expiry", table_name="jobs")
     op.drop_column("jobs", "output_expired")
