@@ -39,8 +39,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _calls(url: str, token: str, name: str, n: int, tag: str | None,
-                 progress: bool) -> tuple[list[float], dict[str, int]]:
+async def _calls(
+    url: str, token: str, name: str, n: int, tag: str | None, progress: bool
+) -> tuple[list[float], dict[str, int]]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     latencies: list[float] = []
     paths: dict[str, int] = {}
@@ -50,8 +51,9 @@ async def _calls(url: str, token: str, name: str, n: int, tag: str | None,
             if tag is not None:
                 body["lease_tag"] = tag
             t0 = time.perf_counter()
-            async with http.post(f"{url}/v1/functions/{name}:invoke",
-                                 data=orjson.dumps(body)) as resp:
+            async with http.post(
+                f"{url}/v1/functions/{name}:invoke", data=orjson.dumps(body)
+            ) as resp:
                 job = orjson.loads(await resp.read())
             latencies.append((time.perf_counter() - t0) * 1000)
             if resp.status != 200 or job.get("state") != "SUCCEEDED":
@@ -68,14 +70,17 @@ def run(calls: int, warmup: int, new_pod_calls: int, progress: bool) -> dict[str
         try:
             with server.client("deployer", Role.DEPLOY) as fp:
                 fp.deploy(NOOP, name="noop", sku="cpu", entrypoint="noop:noop")
-                fp.deploy(NOOP, name="noop-fresh", sku="cpu", entrypoint="noop:noop",
-                          single_use=True)
+                fp.deploy(
+                    NOOP, name="noop-fresh", sku="cpu", entrypoint="noop:noop", single_use=True
+                )
             token = server.token("bench")
             asyncio.run(_calls(server.url, token, "noop", warmup, "bench", False))
-            warm, warm_paths = asyncio.run(_calls(server.url, token, "noop", calls, "bench",
-                                                  progress))
+            warm, warm_paths = asyncio.run(
+                _calls(server.url, token, "noop", calls, "bench", progress)
+            )
             fresh, fresh_paths = asyncio.run(
-                _calls(server.url, token, "noop-fresh", new_pod_calls, None, progress))
+                _calls(server.url, token, "noop-fresh", new_pod_calls, None, progress)
+            )
         finally:
             server.stop()
             kill_pods(home)

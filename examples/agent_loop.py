@@ -26,8 +26,11 @@ def _show(caller: str, fn: str, job: dict[str, Any], ms: float) -> None:
     acq = job.get("acquisition") or {}
     pods = job["attempts"][-1]["pods"] if job.get("attempts") else []
     reason = f"  ({acq.get('reason')})" if acq.get("reason") else ""
-    print(f"  {caller:<8} {fn:<9} {job['state']:<9} path={acq.get('path', '-'):<9} "
-          f"{ms:7.1f} ms  pod={','.join(pods)}{reason}", flush=True)
+    print(
+        f"  {caller:<8} {fn:<9} {job['state']:<9} path={acq.get('path', '-'):<9} "
+        f"{ms:7.1f} ms  pod={','.join(pods)}{reason}",
+        flush=True,
+    )
 
 
 def coding_agent(url: str, token: str, caller: str, episode: str) -> list[str]:
@@ -45,13 +48,18 @@ def coding_agent(url: str, token: str, caller: str, episode: str) -> list[str]:
 
 def rl_step(url: str, token: str, caller: str, iteration: int, fanout: int = 4) -> list[str]:
     with Client(url, token) as fp:
-        ids = [fp.submit("rollout", {"seed": iteration * 100 + i}, lease_tag="trainer")
-               for i in range(fanout)]
+        ids = [
+            fp.submit("rollout", {"seed": iteration * 100 + i}, lease_tag="trainer")
+            for i in range(fanout)
+        ]
         jobs = [fp.wait(job_id) for job_id in ids]
     returns = [j["output"]["return"] for j in jobs if j["state"] == "SUCCEEDED"]
-    print(f"  {caller:<8} rollout   iteration {iteration}: {len(returns)}/{fanout} rollouts, "
-          f"mean return {sum(returns) / max(len(returns), 1):+.3f}, paths "
-          f"{sorted((j.get('acquisition') or {}).get('path', '-') for j in jobs)}", flush=True)
+    print(
+        f"  {caller:<8} rollout   iteration {iteration}: {len(returns)}/{fanout} rollouts, "
+        f"mean return {sum(returns) / max(len(returns), 1):+.3f}, paths "
+        f"{sorted((j.get('acquisition') or {}).get('path', '-') for j in jobs)}",
+        flush=True,
+    )
     return [(j.get("acquisition") or {}).get("path", "-") for j in jobs]
 
 
@@ -65,13 +73,15 @@ def run(url: str, tokens: dict[str, str]) -> dict[str, int]:
 
     print("two coding agents, three verifier attempts each, stable lease tag:")
     with ThreadPoolExecutor(2) as pool:
-        for paths in pool.map(lambda c: coding_agent(url, tokens[c], c, "episode-1"),
-                              ["alice", "bob"]):
+        for paths in pool.map(
+            lambda c: coding_agent(url, tokens[c], c, "episode-1"), ["alice", "bob"]
+        ):
             tally(paths)
     print("the same agents, same episode again (warm):")
     with ThreadPoolExecutor(2) as pool:
-        for paths in pool.map(lambda c: coding_agent(url, tokens[c], c, "episode-1"),
-                              ["alice", "bob"]):
+        for paths in pool.map(
+            lambda c: coding_agent(url, tokens[c], c, "episode-1"), ["alice", "bob"]
+        ):
             tally(paths)
     print("alice starts a new episode (new tag: recycled once, then the old pod retires):")
     tally(coding_agent(url, tokens["alice"], "alice", "episode-2"))

@@ -47,8 +47,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
 def deploy_examples(url: str, token: str) -> None:
     with Client(url, token) as fp:
         for name, entrypoint in FUNCTIONS.items():
-            fn = fp.deploy(HERE / "functions" / name, name=name, sku="cpu",
-                           entrypoint=entrypoint, timeout_s=60)
+            fn = fp.deploy(
+                HERE / "functions" / name, name=name, sku="cpu", entrypoint=entrypoint, timeout_s=60
+            )
             print(f"deployed {name} v{fn['version']} ({fn['package_digest'][:12]}…)")
 
 
@@ -69,8 +70,17 @@ def main() -> int:
     env = dict(os.environ, FIREPOOL_HOME=str(settings.home))
     print(f"starting the broker on {url} (state in {settings.home}/)", flush=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--host", args.host,
-         "--port", str(args.port)], env=env,
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--host",
+            args.host,
+            "--port",
+            str(args.port),
+        ],
+        env=env,
     )
     try:
         wait_ready(url, proc)

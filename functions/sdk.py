@@ -35,7 +35,8 @@ class ApiError(Exception):
 class Client:
     def __init__(self, url: str, token: str, timeout: float = 120.0) -> None:
         self._http = httpx.Client(
-            base_url=url.rstrip("/"), timeout=timeout,
+            base_url=url.rstrip("/"),
+            timeout=timeout,
             headers={"Authorization": f"Bearer {token}"},
         )
 
@@ -49,8 +50,14 @@ class Client:
         self._http.close()
 
     def _request(
-        self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
-        headers: dict[str, str] | None = None, params: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
     ) -> httpx.Response:
         if json is not None:
             content = orjson.dumps(json)
@@ -70,21 +77,39 @@ class Client:
         digest = sha256_hex(data)
         head = self._http.head(f"/v1/packages/{digest}")
         if head.status_code != 200:
-            self._request("PUT", f"/v1/packages/{digest}", content=data,
-                          headers={"Content-Type": "application/zip"})
+            self._request(
+                "PUT",
+                f"/v1/packages/{digest}",
+                content=data,
+                headers={"Content-Type": "application/zip"},
+            )
         return digest
 
     def deploy(
-        self, directory: str | Path, *, name: str, sku: str, entrypoint: str | None = None,
-        command: list[str] | None = None, requirements: str | Path | None = None,
-        env: dict[str, str] | None = None, timeout_s: float = 300.0, max_retries: int = 2,
-        pods: int = 1, single_use: bool = False,
+        self,
+        directory: str | Path,
+        *,
+        name: str,
+        sku: str,
+        entrypoint: str | None = None,
+        command: list[str] | None = None,
+        requirements: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 2,
+        pods: int = 1,
+        single_use: bool = False,
     ) -> dict[str, Any]:
         digest, data = package_digest(Path(directory))
         self.upload(data)
         body: dict[str, Any] = {
-            "name": name, "sku": sku, "package_digest": digest, "timeout_s": timeout_s,
-            "max_retries": max_retries, "pods": pods, "single_use": single_use,
+            "name": name,
+            "sku": sku,
+            "package_digest": digest,
+            "timeout_s": timeout_s,
+            "max_retries": max_retries,
+            "pods": pods,
+            "single_use": single_use,
         }
         if entrypoint is not None:
             body["entrypoint"] = entrypoint
@@ -103,26 +128,41 @@ class Client:
     # -- jobs ---------------------------------------------------------------------------
     @staticmethod
     def _invoke_body(
-        input: Any, lease_tag: str | None, queue: str | None, priority: int | None,
+        input: Any,
+        lease_tag: str | None,
+        queue: str | None,
+        priority: int | None,
         timeout_s: float | None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"input": input}
-        for key, value in (("lease_tag", lease_tag), ("queue", queue), ("priority", priority),
-                           ("timeout_s", timeout_s)):
+        for key, value in (
+            ("lease_tag", lease_tag),
+            ("queue", queue),
+            ("priority", priority),
+            ("timeout_s", timeout_s),
+        ):
             if value is not None:
                 body[key] = value
         return body
 
     def invoke(
-        self, name: str, input: Any = None, *, lease_tag: str | None = None,
-        queue: str | None = None, priority: int | None = None, timeout_s: float | None = None,
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        lease_tag: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        timeout_s: float | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Run ``name`` and return its job record once it ends (waits past the server's cap)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         resp = self._request(
-            "POST", f"/v1/functions/{name}:invoke",
-            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s), headers=headers,
+            "POST",
+            f"/v1/functions/{name}:invoke",
+            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s),
+            headers=headers,
         )
         body: dict[str, Any] = resp.json()
         if resp.status_code == 202:
@@ -130,14 +170,22 @@ class Client:
         return body
 
     def submit(
-        self, name: str, input: Any = None, *, lease_tag: str | None = None,
-        queue: str | None = None, priority: int | None = None, timeout_s: float | None = None,
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        lease_tag: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        timeout_s: float | None = None,
         idempotency_key: str | None = None,
     ) -> str:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         resp = self._request(
-            "POST", f"/v1/functions/{name}/jobs",
-            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s), headers=headers,
+            "POST",
+            f"/v1/functions/{name}/jobs",
+            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s),
+            headers=headers,
         )
         body = resp.json()
         return str(body.get("job_id") or body["id"])
@@ -166,8 +214,9 @@ class Client:
         return result
 
     def logs(self, job_id: str, follow: bool = False) -> httpx.Response:
-        return self._request("GET", f"/v1/jobs/{job_id}/logs",
-                             params={"follow": "1"} if follow else None)
+        return self._request(
+            "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "1"} if follow else None
+        )
 
     def pools(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/v1/pools").json()

@@ -42,9 +42,7 @@ class FunctionSpec:
 
     def validate(self) -> None:
         if not NAME_RE.match(self.name):
-            raise InvalidRequest(
-                "name must match [a-z0-9][a-z0-9_-]{0,62}", field="name"
-            )
+            raise InvalidRequest("name must match [a-z0-9][a-z0-9_-]{0,62}", field="name")
         if not DIGEST_RE.match(self.package_digest):
             raise InvalidRequest("package_digest must be 64 hex digits", field="package_digest")
         if self.requirements_digest is not None and not DIGEST_RE.match(self.requirements_digest):

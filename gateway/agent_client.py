@@ -53,7 +53,10 @@ class AgentClient:
         headers = {"Content-Type": "application/json"} if data is not None else None
         try:
             async with session.request(
-                method, base + path, data=data, headers=headers,
+                method,
+                base + path,
+                data=data,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 raw = await resp.read()

@@ -82,8 +82,10 @@ async def put_package(request: Request) -> Response:
         await asyncio.to_thread(check_package, body)
     created = await asyncio.to_thread(broker.packages.put, digest, body)
     await broker.jobs.put_package(digest, len(body))
-    return JSONResponse({"digest": digest, "size": len(body), "created": created},
-                        status_code=201 if created else 200)
+    return JSONResponse(
+        {"digest": digest, "size": len(body), "created": created},
+        status_code=201 if created else 200,
+    )
 
 
 async def get_blob(request: Request) -> Response:
@@ -94,8 +96,7 @@ async def get_blob(request: Request) -> Response:
         expires = int(request.query_params.get("exp", ""))
     except ValueError:
         raise InvalidRequest("missing or bad exp", field="exp") from None
-    broker.packages.signer.verify(digest, expires, request.query_params.get("sig", ""),
-                                  time.time())
+    broker.packages.signer.verify(digest, expires, request.query_params.get("sig", ""), time.time())
     path = broker.packages.path(digest)
     if not path.is_file():
         raise NotFound(f"no package {digest}")
@@ -111,11 +112,18 @@ async def create_function(request: Request) -> Response:
     if command is not None and not all(isinstance(c, str) for c in command):
         raise InvalidRequest("command must be a list of strings", field="command")
     spec = FunctionSpec(
-        name=body["name"], sku=body["sku"], package_digest=body["package_digest"],
-        entrypoint=body["entrypoint"], command=tuple(command) if command is not None else None,
-        requirements_digest=body["requirements"], env=string_map("env", body["env"]),
-        timeout_s=body["timeout_s"], max_retries=body["max_retries"], pods=body["pods"],
-        single_use=body["single_use"], owner=principal.caller,
+        name=body["name"],
+        sku=body["sku"],
+        package_digest=body["package_digest"],
+        entrypoint=body["entrypoint"],
+        command=tuple(command) if command is not None else None,
+        requirements_digest=body["requirements"],
+        env=string_map("env", body["env"]),
+        timeout_s=body["timeout_s"],
+        max_retries=body["max_retries"],
+        pods=body["pods"],
+        single_use=body["single_use"],
+        owner=principal.caller,
     )
     stored = await broker.register_function(spec)
     return JSONResponse(stored.to_json(), status_code=201)
@@ -168,7 +176,8 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     if sync and job.state in TERMINAL_JOB_STATES:
         return JSONResponse(job.to_public(), status_code=200)
     return JSONResponse(
-        {"job_id": job.id, "state": str(job.state)}, status_code=202,
+        {"job_id": job.id, "state": str(job.state)},
+        status_code=202,
         headers={"Location": f"/v1/jobs/{job.id}"},
     )
 
@@ -184,7 +193,7 @@ async def _visible_job(request: Request) -> tuple[Broker, Principal, Any]:
 
 
 async def job_route(request: Request) -> Response:
-    broker, _principal_, job = await _visible_job(request)
+    broker, _, job = await _visible_job(request)
     if request.method == "DELETE":
         job = await broker.dispatcher.cancel(job)
     return JSONResponse(job.to_public())
@@ -255,14 +264,20 @@ def pool_report(broker: Broker) -> dict[str, Any]:
         out[sku] = {
             "accelerator": pool.accelerator,
             "pods": by_state,
-            "held": sum(1 for p in pods if p.hold_until is not None and p.hold_until > now
-                        and str(p.state) == "IDLE"),
+            "held": sum(
+                1
+                for p in pods
+                if p.hold_until is not None and p.hold_until > now and str(p.state) == "IDLE"
+            ),
             "queued": queued.get(sku, 0),
             "floor": pool.min_count,
             "ceiling": pool.max_count,
             "idle_cap": pool.max_idle_count,
         }
-    return {"pools": out, "budgets": broker.ledger.report()}
+    budgets = {
+        acc: {"used": used, "budget": cap} for acc, (used, cap) in broker.ledger.view().items()
+    }
+    return {"pools": out, "budgets": budgets}
 
 
 async def healthz(request: Request) -> Response:
@@ -317,7 +332,8 @@ def create_app(broker: Broker) -> Starlette:
         Route("/openapi.json", openapi),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan,
+        routes=routes,
+        lifespan=lifespan,
         exception_handlers={FirepoolError: firepool_error},
     )
     app.state.broker = broker

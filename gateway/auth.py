@@ -70,8 +70,13 @@ class Authenticator:
 
     def mint(self, caller: str, role: Role = Role.INVOKE, ttl_s: int = 86400) -> str:
         now = int(time.time())
-        claims = {"sub": caller, "role": str(role), "aud": self._audience, "iat": now,
-                  "exp": now + ttl_s}
+        claims = {
+            "sub": caller,
+            "role": str(role),
+            "aud": self._audience,
+            "iat": now,
+            "exp": now + ttl_s,
+        }
         return jwt.encode(claims, self._key, algorithm="HS256")
 
     def authenticate(self, header: str | None) -> Principal:
@@ -85,7 +90,10 @@ class Authenticator:
             return cached
         try:
             claims = jwt.decode(
-                token, self._key, algorithms=ALGORITHMS, audience=self._audience,
+                token,
+                self._key,
+                algorithms=ALGORITHMS,
+                audience=self._audience,
                 options={"require": ["exp", "sub", "aud"]},
             )
         except jwt.ExpiredSignatureError:

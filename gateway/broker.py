@@ -32,7 +32,6 @@ from gateway.settings import Settings
 from gateway.store import JobStore, open_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.local import LocalBackend
-from pool_manager.budgets import BudgetLedger
 from pool_manager.catalog import Catalog
 from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
@@ -56,22 +55,24 @@ class Broker:
         key = load_or_create_key(home / "signing.key")
         self.auth = Authenticator(key, settings.audience, settings.token_cache_size)
         self.packages = LocalPackageStore(
-            home / "packages", UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
-            settings.resolved_public_url, settings.package_url_ttl_s,
+            home / "packages",
+            UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
+            settings.resolved_public_url,
+            settings.package_url_ttl_s,
         )
         self.backend: PodBackend = backend or LocalBackend(home / "pods", sandbox=settings.sandbox)
         self.tracker = Tracker(self.catalog)
-        self.ledger = BudgetLedger(self.catalog)
+        self.ledger = self.tracker.ledger
         self.agents = AgentClient()
         self.logs = LogArchive(home / "logs")
         self.clock = time.time
-        self.counters: Counter[str] = Counter()
         self._latest: dict[str, FunctionSpec] = {}
         self.store: JobStore | None = None
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
+        self.counters: Counter[str] = Counter()
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -86,18 +87,30 @@ class Broker:
     async def start(self) -> None:
         self.store = await open_store(self.settings.resolved_store_url)
         pods = PodManager(
-            self.backend, self.tracker, self.catalog, self.agents, self.clock,
-            on_change=self._wake, ready_timeout_s=self.settings.pod_ready_timeout_s,
+            self.backend,
+            self.tracker,
+            self.catalog,
+            self.agents,
+            self.clock,
+            on_change=self._wake,
+            ready_timeout_s=self.settings.pod_ready_timeout_s,
         )
         self.pods = pods
         recycler = PodRecycler(self.tracker, pods, self.agents, self.logs, self.clock, self._wake)
         self.recycler = recycler
         executor = Executor(self.agents, pods.endpoints, self.packages.url)
         self._dispatcher = Dispatcher(
-            self.store, self.tracker, self.ledger, pods, executor, recycler,
-            self.function_version, self.clock,
-            tick_s=self.settings.dispatch_tick_s, reconcile_s=self.settings.reconcile_s,
+            self.store,
+            self.tracker,
+            pods,
+            executor,
+            recycler,
+            self.function_version,
+            self.clock,
+            tick_s=self.settings.dispatch_tick_s,
+            reconcile_s=self.settings.reconcile_s,
         )
+        self.counters = self._dispatcher.counters
         await recover(self)
         self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
         self.ready = True
@@ -114,7 +127,6 @@ class Broker:
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._dispatcher is not None:
-            await self.recycler.drain()
             await self.pods.drain()
         await self.agents.close()
         await self.backend.close()
@@ -172,11 +184,22 @@ class Broker:
     ) -> tuple[Job, bool]:
         spec = await self.latest_function(name)
         job = Job(
-            id=new_job_id(), function=spec.name, version=spec.version, caller=principal.caller,
-            sku=spec.sku, input=body["input"], state=JobState.QUEUED,
-            lease_tag=body["lease_tag"], queue=body["queue"], priority=body["priority"],
-            timeout_s=body["timeout_s"], max_retries=spec.max_retries, pods_needed=spec.pods,
-            submitted=self.clock(), idempotency_key=idempotency_key, request_hash=request_hash,
+            id=new_job_id(),
+            function=spec.name,
+            version=spec.version,
+            caller=principal.caller,
+            sku=spec.sku,
+            input=body["input"],
+            state=JobState.QUEUED,
+            lease_tag=body["lease_tag"],
+            queue=body["queue"],
+            priority=body["priority"],
+            timeout_s=body["timeout_s"],
+            max_retries=spec.max_retries,
+            pods_needed=spec.pods,
+            submitted=self.clock(),
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
         )
         stored, created = await self.jobs.submit(job)
         if created:

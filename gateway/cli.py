@@ -42,9 +42,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(host=args.host, port=args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_app(Broker(settings))
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                access_log=False, loop="uvloop", http="httptools",
-                timeout_graceful_shutdown=int(settings.drain_s))
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=int(settings.drain_s),
+    )
     return 0
 
 
@@ -67,9 +74,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     with _client(args) as fp:
         env = dict(kv.split("=", 1) for kv in args.env or [])
-        _print(fp.deploy(args.dir, name=args.name, sku=args.sku, entrypoint=args.entrypoint,
-                         command=args.command, requirements=args.requirements, env=env,
-                         timeout_s=args.timeout, pods=args.pods, single_use=args.single_use))
+        _print(
+            fp.deploy(
+                args.dir,
+                name=args.name,
+                sku=args.sku,
+                entrypoint=args.entrypoint,
+                command=args.command,
+                requirements=args.requirements,
+                env=env,
+                timeout_s=args.timeout,
+                pods=args.pods,
+                single_use=args.single_use,
+            )
+        )
     return 0
 
 

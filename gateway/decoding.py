@@ -15,8 +15,14 @@ import orjson
 
 from functions.errors import InvalidRequest, UnknownField
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-               dict: "an object", list: "a list"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    dict: "an object",
+    list: "a list",
+}
 
 
 @dataclass(frozen=True, slots=True)

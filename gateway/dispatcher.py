@@ -17,7 +17,9 @@ span an ``await``; each job is mutated only by the task that currently owns it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,9 +30,8 @@ from gateway.jobs import Attempt, Job
 from gateway.lifecycle import PodRecycler
 from gateway.pods import PodManager
 from gateway.store import JobStore, StaleRevision
-from pool_manager.budgets import BudgetLedger
-from pool_manager.model import ClaimRequest, Lease
 from pool_manager.dispatch_pass import dispatch_pass
+from pool_manager.model import ClaimRequest, Lease
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 from pool_manager.tracker import Tracker
 
@@ -44,7 +45,6 @@ class Dispatcher:
         self,
         store: JobStore,
         tracker: Tracker,
-        ledger: BudgetLedger,
         pods: PodManager,
         executor: Executor,
         recycler: PodRecycler,
@@ -55,7 +55,6 @@ class Dispatcher:
     ) -> None:
         self.store = store
         self.tracker = tracker
-        self.ledger = ledger
         self.pods = pods
         self.executor = executor
         self.recycler = recycler
@@ -64,6 +63,8 @@ class Dispatcher:
         self.tick_s = tick_s
         self.reconcile_s = reconcile_s
         self.live: dict[str, Job] = {}
+        self.counters: Counter[str] = Counter()
+        """Prometheus counters: ``path_<path>`` per claim, ``jobs_<state>`` per terminal job."""
         self._queue: list[Job] = []
         self._queue_dirty = False
         self._waiters: dict[str, list[asyncio.Future[Job]]] = {}
@@ -106,6 +107,7 @@ class Dispatcher:
                     del self._waiters[job_id]
 
     def _resolve(self, job: Job) -> None:
+        self.counters[f"jobs_{str(job.state).lower()}"] += 1
         self.live.pop(job.id, None)
         for fut in self._waiters.pop(job.id, []):
             if not fut.done():
@@ -119,10 +121,8 @@ class Dispatcher:
     # -- the loop -----------------------------------------------------------------------
     async def run(self) -> None:
         while not self._stopping:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
-            except TimeoutError:
-                pass
             self._wake.clear()
             try:
                 self.dispatch_pass()
@@ -136,7 +136,7 @@ class Dispatcher:
             self._queue_dirty = False
         requests = [self._request(job) for job in self._queue]
         reconcile = now >= self._next_reconcile
-        result = dispatch_pass(self.tracker, requests, now, self.ledger, reconcile)
+        result = dispatch_pass(self.tracker, requests, now, reconcile)
         if result.waiting or reconcile:
             self._next_reconcile = now + self.reconcile_s
         if result.leases:
@@ -147,6 +147,7 @@ class Dispatcher:
                 if lease is None:
                     waiting.append(job)
                 else:
+                    self.counters[f"path_{lease.path}"] += 1
                     self.spawn(self._start(job, lease))
             self._queue = waiting
         for action in result.actions:
@@ -155,8 +156,12 @@ class Dispatcher:
     def _request(self, job: Job) -> ClaimRequest:
         spec = self.specs.get((job.function, job.version))
         return ClaimRequest(
-            job_id=job.id, caller=job.caller, sku=job.sku, lease_tag=job.lease_tag,
-            queue=job.queue, pods=job.pods_needed,
+            job_id=job.id,
+            caller=job.caller,
+            sku=job.sku,
+            lease_tag=job.lease_tag,
+            queue=job.queue,
+            pods=job.pods_needed,
             single_use=spec.single_use if spec is not None else False,
             queued_at=job.submitted,
         )
@@ -192,9 +197,11 @@ class Dispatcher:
             return
         self.tracker.launched(job.id, self.clock())
         if job.id in self._cancel_requested:
-            outcome = Outcome(state="cancelled", finished=self.clock(),
-                              error={"class": str(ErrorClass.CANCELLED),
-                                     "message": "cancelled before launch"})
+            outcome = Outcome(
+                state="cancelled",
+                finished=self.clock(),
+                error={"class": str(ErrorClass.CANCELLED), "message": "cancelled before launch"},
+            )
         else:
             outcome = await self.executor.run(job, spec, list(lease.pods), attempt.id)
         await self.finish(job, lease.pods, outcome)
@@ -219,7 +226,7 @@ class Dispatcher:
             self._queue_dirty = True
 
     async def finish(self, job: Job, pods: tuple[str, ...] | list[str], outcome: Outcome) -> None:
-        """Record an attempt's outcome, then reset and release its pods off the caller's path."""
+        """Reset the attempt's pods, record its outcome durably, release the pods, answer."""
         attempt = job.attempts[-1]
         attempt.exit_code = outcome.exit_code
         attempt.started = outcome.started or attempt.started
@@ -235,6 +242,7 @@ class Dispatcher:
             and ErrorClass(error_class) in RETRYABLE
             and job.retries < job.max_retries
         )
+        clean = await self.recycler.reset(job.id, list(pods), attempt.id, outcome.lost_pods)
         if outcome.first_instruction is not None and job.first_instruction is None:
             job.first_instruction = outcome.first_instruction
         if outcome.exit_code is not None:
@@ -244,8 +252,11 @@ class Dispatcher:
             job.retries += 1
         else:
             job.state = (
-                JobState.SUCCEEDED if outcome.state == "succeeded"
-                else JobState.CANCELLED if cancelled else JobState.FAILED
+                JobState.SUCCEEDED
+                if outcome.state == "succeeded"
+                else JobState.CANCELLED
+                if cancelled
+                else JobState.FAILED
             )
             job.output = outcome.output
             job.error = outcome.error
@@ -256,7 +267,7 @@ class Dispatcher:
             await self.store.update(job, revision)
         except Exception:
             log.exception("could not record the outcome of job %s", job.id)
-        self.recycler.recycle(job.id, job.caller, list(pods), attempt.id, outcome.lost_pods)
+        self.recycler.release(job.id, clean)
         if retry:
             self._queue.append(job)
             self._queue_dirty = True

@@ -10,6 +10,7 @@ filtered env, so a user cannot override them. An agent that stops answering make
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -87,8 +88,11 @@ class Executor:
         }
         if world > 1:
             system_env.update(
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                WORLD_SIZE=str(world), LOCAL_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK="0",
             )
         requirements = None
         if spec.requirements_digest is not None:
@@ -98,8 +102,10 @@ class Executor:
             }
         return {
             "attempt_id": attempt_id,
-            "package": {"url": self.package_url(spec.package_digest),
-                        "digest": spec.package_digest},
+            "package": {
+                "url": self.package_url(spec.package_digest),
+                "digest": spec.package_digest,
+            },
             "entrypoint": spec.entrypoint,
             "command": list(spec.command) if spec.command is not None else None,
             "input": job.input,
@@ -131,7 +137,9 @@ class Executor:
             return Outcome.pod_lost([pod], f"agent refused the attempt: HTTP {status} {body}")
         return Outcome.from_agent(body)
 
-    async def _run_gang(self, pods: list[str], specs: list[dict[str, Any]], timeout: float) -> Outcome:
+    async def _run_gang(
+        self, pods: list[str], specs: list[dict[str, Any]], timeout: float
+    ) -> Outcome:
         started: list[str] = []
         for pod, spec in zip(pods, specs, strict=True):
             endpoint = self.endpoints.get(pod)
@@ -180,7 +188,5 @@ class Executor:
         for pod in pods:
             endpoint = self.endpoints.get(pod)
             if endpoint is not None:
-                try:
+                with contextlib.suppress(AgentUnreachable):
                     await self.agents.cancel(endpoint, attempt_id)
-                except AgentUnreachable:
-                    pass

@@ -101,9 +101,20 @@ def start_broker(
     log_path = home / "broker.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
-             "--port", str(port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
         )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc, log_path)

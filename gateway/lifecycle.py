@@ -1,15 +1,16 @@
 """After an attempt: keep its logs, reset its pods, release them to the tracker.
 
-Runs off the caller's path: the job's outcome is already committed and its waiters answered.
-A pod is released only after its agent reports a verified-clean reset; a pod that is lost or
-reports unclean is released as unclean, which retires it, and is deleted, never reused.
+The dispatcher resets before it commits the outcome, so a caller's next step never finds its
+own pod still resetting (and never takes a colder pod for that reason). A pod is released only
+after its agent reports a verified-clean reset; a pod that is lost or reports unclean is
+released as unclean, which retires it, and is deleted, never reused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +61,30 @@ class PodRecycler:
         self.logs = logs
         self.clock = clock
         self.on_change = on_change
-        self._tasks: set[asyncio.Task[None]] = set()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def reset(self, job_id: str, pods: list[str], attempt_id: str, lost: list[str]) -> bool:
+        """Keep rank 0's logs, acknowledge the result and reset every pod; True iff every pod
+        reported a verified-clean reset."""
+        results = await asyncio.gather(
+            *(
+                self._reset_one(job_id, pod, attempt_id, rank == 0)
+                for rank, pod in enumerate(pods)
+                if pod not in lost
+            )
+        )
+        return not lost and all(results)
 
-    def recycle(
-        self, job_id: str, caller: str, pods: list[str], attempt_id: str, lost: list[str]
-    ) -> None:
-        self._spawn(self._recycle(job_id, caller, pods, attempt_id, set(lost)))
+    def release(self, job_id: str, clean: bool) -> None:
+        """Hand the pods back to the tracker: held for their owner, or retired and deleted."""
+        now = self.clock()
+        for release in self.tracker.release(job_id, clean, now):
+            if release.retire:
+                self.pods.delete(release.name, release.reason)
+            else:
+                pod = self.tracker.get(release.name)
+                if pod is not None:
+                    self.pods.annotate(release.name, ownership_annotations(pod))
+        self.on_change()
 
     async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
         offset = 0
@@ -97,31 +111,6 @@ class PodRecycler:
             log.warning("pod %s reset unclean: %s", pod, report.get("reason"))
             return False
         return True
-
-    async def _recycle(
-        self, job_id: str, caller: str, pods: list[str], attempt_id: str, lost: set[str]
-    ) -> None:
-        results = await asyncio.gather(
-            *(
-                self._reset_one(job_id, pod, attempt_id, rank == 0)
-                for rank, pod in enumerate(pods)
-                if pod not in lost
-            )
-        )
-        clean = not lost and all(results)
-        now = self.clock()
-        for release in self.tracker.release(job_id, clean, now):
-            if release.retire:
-                self.pods.delete(release.name, release.reason)
-            else:
-                pod = self.tracker.get(release.name)
-                if pod is not None:
-                    self.pods.annotate(release.name, ownership_annotations(pod))
-        self.on_change()
-
-    async def drain(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
 def ownership_annotations(pod: Any) -> dict[str, str | None]:

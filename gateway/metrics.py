@@ -33,10 +33,13 @@ def render_metrics(broker: Broker) -> str:
     lines += ["# HELP firepool_pods Pods by pool, state and role.", "# TYPE firepool_pods gauge"]
     counts: dict[tuple[str, str, str], int] = {}
     for pod in broker.tracker.pods():
-        key = (pod.sku, str(pod.state), pod.role)
-        counts[key] = counts.get(key, 0) + 1
+        labels = (pod.sku, str(pod.state), pod.role)
+        counts[labels] = counts.get(labels, 0) + 1
     for (sku, state, role), n in sorted(counts.items()):
         lines.append(_line("firepool_pods", n, {"pool": sku, "state": state, "role": role}))
-    lines += ["# HELP firepool_queued_jobs Jobs waiting for pods.", "# TYPE firepool_queued_jobs gauge"]
+    lines += [
+        "# HELP firepool_queued_jobs Jobs waiting for pods.",
+        "# TYPE firepool_queued_jobs gauge",
+    ]
     lines.append(_line("firepool_queued_jobs", len(broker.dispatcher.queued())))
     return "\n".join(lines) + "\n"

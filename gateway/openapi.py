@@ -11,8 +11,10 @@ def _op(summary: str, body: bool = False, status: str = "200") -> dict[str, Any]
     op: dict[str, Any] = {
         "summary": summary,
         "security": [{"bearer": []}],
-        "responses": {status: {"description": "OK", "content": _JSON},
-                      "4XX": {"description": "typed error {error: {class, message, field?}}"}},
+        "responses": {
+            status: {"description": "OK", "content": _JSON},
+            "4XX": {"description": "typed error {error: {class, message, field?}}"},
+        },
     }
     if body:
         op["requestBody"] = {"content": _JSON}
@@ -22,8 +24,9 @@ def _op(summary: str, body: bool = False, status: str = "200") -> dict[str, Any]
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Firepool", "version": "1"},
-    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                                   "bearerFormat": "JWT"}}},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
+    },
     "paths": {
         "/v1/packages/{sha256}": {
             "put": _op("Upload a package zip once (digest checked)", True, "201"),
@@ -45,7 +48,8 @@ OPENAPI: dict[str, Any] = {
         "/v1/pools": {"get": _op("Pools: pods by state and role, queue, holds, budgets")},
         "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}},
         "/readyz": {"get": {"summary": "Readiness", "responses": {"200": {"description": "OK"}}}},
-        "/metrics": {"get": {"summary": "Prometheus metrics",
-                             "responses": {"200": {"description": "OK"}}}},
+        "/metrics": {
+            "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}
+        },
     },
 }

@@ -59,8 +59,14 @@ class PodManager:
             pool = self.catalog.pool(action.sku)
             now = self.clock()
             self.tracker.add_pod(
-                PodInfo(name=name, sku=action.sku, created=now, role=action.role,
-                        gpu=action.gpu, template=pool.template),
+                PodInfo(
+                    name=name,
+                    sku=action.sku,
+                    created=now,
+                    role=action.role,
+                    gpu=action.gpu,
+                    template=pool.template,
+                ),
                 now,
             )
             self._spawn(self._create(name, action))

@@ -1,14 +1,15 @@
 """Restart recovery (paper App. A.1): rebuild the tracker, then resume every live job.
 
-Runs once at startup, before the dispatcher takes its first job:
-  1. Pods: list the backend's pods; probe each live one's agent; a pod that answers is restored
-     with its ownership annotations (owner, tag, queue, release time, hold), so owner holds
-     survive the restart; a dead or silent pod is deleted. GPUs restart unverified (standby
-     promotion fails closed until a sweep) — the tracker's restore does that.
-  2. Jobs: the store is authoritative for job state. QUEUED/PENDING jobs are queued again. For
-     each RUNNING job, probe its attempt on its pods: still running → re-attach and wait for
-     it; finished during the outage → finalize without a retry; unknown to the agent (never
-     launched) or pods gone → re-queue with a fresh attempt id and release the pods.
+Runs once at startup, before the dispatcher takes its first job. The job store is
+authoritative for job state; pod annotations are authoritative for ownership.
+  1. Pods: list the backend's pods and probe each live one's agent; a silent or dead pod is
+     deleted. The rest are restored with their ownership annotations (owner, tag, queue,
+     release time, hold), so owner holds survive the restart. GPUs restart unverified
+     (standby promotion fails closed until a sweep), which ``Tracker.restore`` guarantees.
+  2. Jobs: QUEUED/PENDING jobs are queued again. For each RUNNING job, probe its attempt on
+     its pods: known to the agent → the pods are restored as leased to the job, and the
+     attempt is re-attached (still running) or finalized without a retry (finished during the
+     outage); unknown (never launched) or pods gone → re-queued with a fresh attempt id.
 """
 
 from __future__ import annotations
@@ -37,87 +38,111 @@ def _float(value: str | None) -> float | None:
 
 
 def restored_pod(pod: BackendPod) -> PodInfo:
+    """A pod as its annotations describe it: idle, held for its last caller if it had one."""
     a = pod.annotations
     return PodInfo(
-        name=pod.name, sku=pod.sku, created=pod.created, role=pod.role, gpu=pod.gpu,
-        template=pod.template, state=PodState.IDLE, owner=a.get("firepool/owner"),
-        tag=a.get("firepool/tag"), queue=a.get("firepool/queue"),
+        name=pod.name,
+        sku=pod.sku,
+        created=pod.created,
+        role=pod.role,
+        gpu=pod.gpu,
+        template=pod.template,
+        state=PodState.IDLE,
+        owner=a.get("firepool/owner"),
+        tag=a.get("firepool/tag"),
+        queue=a.get("firepool/queue"),
         released_at=_float(a.get("firepool/released-at")) or pod.created,
         hold_until=_float(a.get("firepool/hold-until")),
     )
 
 
-async def _restore_pods(broker: Broker) -> dict[str, dict[str, Any]]:
-    """Restore live pods into the tracker; return each one's health report by name."""
+async def _live_pods(broker: Broker) -> dict[str, BackendPod]:
+    """Backend pods whose agent answers; every other pod is deleted."""
     pods = await broker.backend.list()
-    known = {p.name for p in pods if p.sku in broker.catalog.pools}
-    health = await asyncio.gather(
-        *(broker.agents.health(p.endpoint, timeout=3.0) if p.alive else _none() for p in pods)
-    )
-    restored: list[PodInfo] = []
-    reports: dict[str, dict[str, Any]] = {}
-    for pod, report in zip(pods, health, strict=True):
-        if report is None or pod.name not in known:
-            log.info("deleting pod %s found at startup (alive=%s, answered=%s)",
-                     pod.name, pod.alive, report is not None)
+
+    async def probe(pod: BackendPod) -> dict[str, Any] | None:
+        return await broker.agents.health(pod.endpoint, timeout=3.0) if pod.alive else None
+
+    reports = await asyncio.gather(*(probe(p) for p in pods))
+    live: dict[str, BackendPod] = {}
+    for pod, report in zip(pods, reports, strict=True):
+        if report is None or pod.sku not in broker.catalog.pools:
+            log.info(
+                "deleting pod %s found at startup (alive=%s, answered=%s)",
+                pod.name,
+                pod.alive,
+                report is not None,
+            )
             await broker.backend.delete(pod.name)
-            continue
-        broker.pods.endpoints[pod.name] = pod.endpoint
-        restored.append(restored_pod(pod))
-        reports[pod.name] = report
-    broker.tracker.restore(restored, broker.clock())
-    for pod_info in restored:
-        pool = broker.catalog.pools[pod_info.sku]
-        broker.ledger.force(pool.accelerator, pool.units_per_pod)
-    return reports
+        else:
+            live[pod.name] = pod
+            broker.pods.endpoints[pod.name] = pod.endpoint
+    return live
 
 
-async def _none() -> None:
-    return None
-
-
-async def _resume_running(broker: Broker, job: Job, reports: dict[str, dict[str, Any]]) -> None:
-    dispatcher = broker.dispatcher
-    attempt = job.attempts[-1] if job.attempts else None
-    pods = attempt.pods if attempt else []
-    body = None
-    if attempt and pods and all(p in reports for p in pods):
-        try:
-            body = await broker.agents.result(broker.pods.endpoints[pods[0]], attempt.id)
-        except Exception as exc:
-            log.warning("job %s: probing %s failed: %r", job.id, attempt.id, exc)
-    if attempt is None or body is None:
-        # Never launched, or its pods are gone: no user code of this attempt is running.
-        revision = job.revision
-        if attempt is not None:
-            attempt.error = {"class": "PodLost", "message": "not running after broker restart"}
-        job.state = JobState.QUEUED
-        await broker.jobs.update(job, revision)
-        dispatcher.enqueue(job)
-        return
-    now = broker.clock()
-    broker.tracker.adopt(job.id, job.caller, job.lease_tag, job.queue, tuple(pods), now)
-    dispatcher.live[job.id] = job
-    if body.get("state") == "running":
-        log.info("job %s: re-attaching to running attempt %s", job.id, attempt.id)
-
-        async def reattach() -> None:
-            timeout = (job.timeout_s or 86400.0) + 30.0
-            outcome = await broker.dispatcher.executor.wait(pods[0], attempt.id, timeout)
-            await dispatcher.finish(job, pods, outcome)
-
-        dispatcher.spawn(reattach())
-    else:
-        log.info("job %s: attempt %s finished during the outage", job.id, attempt.id)
-        await dispatcher.finish(job, pods, Outcome.from_agent(body))
+async def _probe_attempt(broker: Broker, job: Job, live: dict[str, BackendPod]) -> Any:
+    """The agent's record of the job's current attempt, or None if it cannot be found."""
+    if not job.attempts:
+        return None
+    attempt = job.attempts[-1]
+    if not attempt.pods or not all(p in live for p in attempt.pods):
+        return None
+    try:
+        return await broker.agents.result(live[attempt.pods[0]].endpoint, attempt.id)
+    except Exception as exc:
+        log.warning("job %s: probing %s failed: %r", job.id, attempt.id, exc)
+        return None
 
 
 async def recover(broker: Broker) -> None:
-    reports = await _restore_pods(broker)
+    now = broker.clock()
+    live = await _live_pods(broker)
     jobs = await broker.jobs.jobs_in_states([JobState.PENDING, JobState.QUEUED, JobState.RUNNING])
+    infos = {name: restored_pod(pod) for name, pod in live.items()}
+    attached: list[tuple[Job, dict[str, Any]]] = []
+    requeue: list[Job] = []
     for job in jobs:
+        if job.state is not JobState.RUNNING:
+            requeue.append(job)
+            continue
+        body = await _probe_attempt(broker, job, live)
+        if body is None:
+            requeue.append(job)
+            continue
+        for name in job.attempts[-1].pods:
+            info = infos[name]
+            info.state, info.job_id = PodState.RUNNING, job.id
+            info.owner, info.tag, info.queue = job.caller, job.lease_tag, job.queue
+        attached.append((job, body))
+    for delete in broker.tracker.restore(infos.values(), now):
+        broker.pods.delete(delete.name, delete.reason)
+    dispatcher = broker.dispatcher
+    for job in requeue:
         if job.state is JobState.RUNNING:
-            await _resume_running(broker, job, reports)
+            # Never launched, or its pods are gone: no user code of this attempt is running.
+            revision = job.revision
+            if job.attempts:
+                job.attempts[-1].error = {
+                    "class": "PodLost",
+                    "message": "not running after a broker restart",
+                }
+            job.state = JobState.QUEUED
+            await broker.jobs.update(job, revision)
+        dispatcher.enqueue(job)
+    for job, body in attached:
+        pods = list(job.attempts[-1].pods)
+        dispatcher.live[job.id] = job
+        if body.get("state") == "running":
+            dispatcher.spawn(_reattach(broker, job, pods))
         else:
-            broker.dispatcher.enqueue(job)
-    log.info("recovered %d pods and %d live jobs", len(reports), len(jobs))
+            await dispatcher.finish(job, pods, Outcome.from_agent(body))
+    log.info(
+        "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
+    )
+
+
+async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
+    attempt_id = job.attempts[-1].id
+    timeout = (job.timeout_s or 86400.0) + 30.0
+    outcome = await broker.dispatcher.executor.wait(pods[0], attempt_id, timeout)
+    await broker.dispatcher.finish(job, pods, outcome)

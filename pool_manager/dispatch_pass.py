@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pool_manager.budgets import BudgetLedger
 from pool_manager.model import Action, ClaimRequest, Lease
-from pool_manager.scaler import plan
 from pool_manager.tracker import Tracker
 
 
@@ -24,14 +22,14 @@ class PassResult:
     waiting: list[ClaimRequest] = field(default_factory=list)
     """Jobs left queued (the demand handed to the scaler), order kept."""
     actions: list[Action] = field(default_factory=list)
-    """Creates and deletes for the shell to carry out (budget already reserved)."""
+    """Creates and deletes for the shell to carry out: budget already reserved for each
+    create, every delete already marked RETIRING in the tracker."""
 
 
 def dispatch_pass(
     tracker: Tracker,
     queued: Sequence[ClaimRequest],
     now: float,
-    ledger: BudgetLedger,
     reconcile: bool,
 ) -> PassResult:
     """Claim what can be placed now; plan capacity for the rest.
@@ -47,6 +45,5 @@ def dispatch_pass(
         else:
             result.waiting.append(req)
     if result.waiting or reconcile:
-        result.actions.extend(tracker.expire(now))
-        result.actions.extend(plan(tracker.snapshot(now), result.waiting, now, ledger))
+        result.actions.extend(tracker.reconcile(result.waiting, now))
     return result

@@ -81,24 +81,44 @@ class LocalBackend:
         pod_dir.mkdir(parents=True)
         socket = pod_dir / "agent.sock"
         argv = agent_command(
-            pod_name=name, pod_dir=pod_dir, listen=f"unix:{socket}", python=self.python,
-            preload=pool.preload, zygote=pool.zygote, network=pool.network, role=role,
-            gpu_uuids=(gpu,) if gpu else (), sandbox=self.sandbox,
+            pod_name=name,
+            pod_dir=pod_dir,
+            listen=f"unix:{socket}",
+            python=self.python,
+            preload=pool.preload,
+            zygote=pool.zygote,
+            network=pool.network,
+            role=role,
+            gpu_uuids=(gpu,) if gpu else (),
+            sandbox=self.sandbox,
         )
         created = time.time()
         meta: dict[str, object] = {
-            "name": name, "sku": pool.sku, "role": role, "gpu": gpu, "created": created,
-            "template": pool.template, "endpoint": f"unix:{socket}", "annotations": {},
+            "name": name,
+            "sku": pool.sku,
+            "role": role,
+            "gpu": gpu,
+            "created": created,
+            "template": pool.template,
+            "endpoint": f"unix:{socket}",
+            "annotations": {},
         }
         self._write_meta(name, meta)
         # posix_spawn rather than Popen: the pod must outlive us, and a Popen handle we never
         # wait on would be reported as leaked. Our own children are reaped in ``_reap``.
         pid = os.posix_spawnp(
-            argv[0], argv, dict(os.environ),
+            argv[0],
+            argv,
+            dict(os.environ),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, str(pod_dir / "agent.log"),
-                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                (
+                    os.POSIX_SPAWN_OPEN,
+                    1,
+                    str(pod_dir / "agent.log"),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                    0o644,
+                ),
                 (os.POSIX_SPAWN_DUP2, 1, 2),
             ],
             setsid=True,
@@ -107,8 +127,13 @@ class LocalBackend:
         meta["pid"] = pid
         self._write_meta(name, meta)
         return BackendPod(
-            name=name, sku=pool.sku, role=role, created=created, endpoint=f"unix:{socket}",
-            gpu=gpu, template=pool.template,
+            name=name,
+            sku=pool.sku,
+            role=role,
+            created=created,
+            endpoint=f"unix:{socket}",
+            gpu=gpu,
+            template=pool.template,
         )
 
     async def create(
@@ -147,7 +172,9 @@ class LocalBackend:
             annotations = meta.get("annotations") or {}
             pods.append(
                 BackendPod(
-                    name=str(meta["name"]), sku=str(meta["sku"]), role=str(meta["role"]),
+                    name=str(meta["name"]),
+                    sku=str(meta["sku"]),
+                    role=str(meta["role"]),
                     created=float(meta["created"]),  # type: ignore[arg-type]
                     endpoint=str(meta["endpoint"]),
                     alive=isinstance(pid, int) and pid_alive(pid),

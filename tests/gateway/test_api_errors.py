@@ -31,8 +31,9 @@ def _symlink_zip() -> bytes:
 
 
 def _http(server: BrokerServer, caller: str = "err-user", role: Role = Role.INVOKE) -> httpx.Client:
-    return httpx.Client(base_url=server.url,
-                        headers={"Authorization": f"Bearer {server.token(caller, role)}"})
+    return httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {server.token(caller, role)}"}
+    )
 
 
 def test_an_unknown_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
@@ -40,7 +41,10 @@ def test_an_unknown_field_is_rejected_with_its_name(broker_server: BrokerServer)
         resp = http.post("/v1/functions/noop:invoke", json={"input": 1, "lease_tga": "x"})
     assert resp.status_code == 400
     assert resp.json()["error"] == {
-        "class": "UnknownField", "message": "unknown field 'lease_tga'", "field": "lease_tga"}
+        "class": "UnknownField",
+        "message": "unknown field 'lease_tga'",
+        "field": "lease_tga",
+    }
 
 
 def test_a_wrongly_typed_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
@@ -55,8 +59,9 @@ def test_a_missing_or_malformed_token_is_Unauthorized(
     broker_server: BrokerServer, header: str | None
 ) -> None:
     headers = {"Authorization": header} if header else {}
-    resp = httpx.post(f"{broker_server.url}/v1/functions/noop:invoke", json={"input": 1},
-                      headers=headers)
+    resp = httpx.post(
+        f"{broker_server.url}/v1/functions/noop:invoke", json={"input": 1}, headers=headers
+    )
     assert resp.status_code == 401
     assert resp.json()["error"]["class"] == "Unauthorized"
 
@@ -69,21 +74,27 @@ def test_an_expired_token_is_Unauthorized(broker_server: BrokerServer) -> None:
 
 
 def test_a_forged_token_is_Unauthorized(broker_server: BrokerServer) -> None:
-    forged = jwt.encode({"sub": "mallory", "aud": "firepool", "exp": 2**31, "role": "admin"},
-                        b"0" * 32, algorithm="HS256")
-    none_alg = jwt.encode({"sub": "mallory", "aud": "firepool", "exp": 2**31}, None,
-                          algorithm="none")
+    forged = jwt.encode(
+        {"sub": "mallory", "aud": "firepool", "exp": 2**31, "role": "admin"},
+        b"0" * 32,
+        algorithm="HS256",
+    )
+    none_alg = jwt.encode(
+        {"sub": "mallory", "aud": "firepool", "exp": 2**31}, None, algorithm="none"
+    )
     for token in (forged, none_alg):
-        resp = httpx.get(f"{broker_server.url}/v1/pools",
-                         headers={"Authorization": f"Bearer {token}"})
+        resp = httpx.get(
+            f"{broker_server.url}/v1/pools", headers={"Authorization": f"Bearer {token}"}
+        )
         assert resp.status_code == 401, token
 
 
 def test_an_invoke_token_cannot_deploy_or_read_pools(broker_server: BrokerServer) -> None:
     with _http(broker_server) as http:
         assert http.get("/v1/pools").status_code == 403
-        resp = http.post("/v1/functions", json={"name": "x", "sku": "cpu",
-                                                "package_digest": "0" * 64})
+        resp = http.post(
+            "/v1/functions", json={"name": "x", "sku": "cpu", "package_digest": "0" * 64}
+        )
     assert resp.status_code == 403
     assert resp.json()["error"]["class"] == "Forbidden"
 
@@ -109,8 +120,9 @@ def test_a_package_whose_bytes_do_not_match_the_digest_is_rejected_and_not_store
     data = _zip([("a.py", b"x = 1\n")])
     wrong = hashlib.sha256(b"something else").hexdigest()
     with _http(broker_server, role=Role.DEPLOY) as http:
-        resp = http.put(f"/v1/packages/{wrong}", content=data,
-                        headers={"Content-Type": "application/zip"})
+        resp = http.put(
+            f"/v1/packages/{wrong}", content=data, headers={"Content-Type": "application/zip"}
+        )
         assert resp.status_code == 422
         assert resp.json()["error"]["class"] == "PackageRejected"
         assert http.head(f"/v1/packages/{wrong}").status_code == 404
@@ -132,13 +144,16 @@ def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
 ) -> None:
     digest = hashlib.sha256(archive).hexdigest()
     with _http(broker_server, role=Role.DEPLOY) as http:
-        resp = http.put(f"/v1/packages/{digest}", content=archive,
-                        headers={"Content-Type": "application/zip"})
+        resp = http.put(
+            f"/v1/packages/{digest}", content=archive, headers={"Content-Type": "application/zip"}
+        )
         assert resp.status_code == 422, resp.text
         assert resp.json()["error"]["class"] == "PackageRejected"
         assert http.head(f"/v1/packages/{digest}").status_code == 404
-        reg = http.post("/v1/functions", json={"name": "evil", "sku": "cpu",
-                                               "package_digest": digest, "entrypoint": "a:b"})
+        reg = http.post(
+            "/v1/functions",
+            json={"name": "evil", "sku": "cpu", "package_digest": digest, "entrypoint": "a:b"},
+        )
         assert reg.status_code == 400
         assert reg.json()["error"]["field"] == "package_digest"
 

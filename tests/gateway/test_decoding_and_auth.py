@@ -10,8 +10,12 @@ from functions.errors import Forbidden, InvalidRequest, Unauthorized, UnknownFie
 from gateway.auth import Authenticator, Role
 from gateway.decoding import Field, decode
 
-FIELDS = {"input": Field((object,)), "priority": Field((int,), default=0),
-          "timeout_s": Field((float,)), "tag": Field((str,), required=True)}
+FIELDS = {
+    "input": Field((object,)),
+    "priority": Field((int,), default=0),
+    "timeout_s": Field((float,)),
+    "tag": Field((str,), required=True),
+}
 
 
 def test_decode_fills_defaults_and_accepts_ints_as_numbers() -> None:

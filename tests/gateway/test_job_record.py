@@ -16,8 +16,14 @@ BEHAVIOURS = Path(__file__).parent / "behaviours"
 def behaviours(broker_server: BrokerServer) -> BrokerServer:
     with broker_server.client("deployer", Role.DEPLOY) as fp:
         for fn in ("fail", "exit3", "sleep", "whoami"):
-            fp.deploy(BEHAVIOURS, name=fn, sku="cpu", entrypoint=f"behaviours:{fn}",
-                      timeout_s=30, max_retries=0)
+            fp.deploy(
+                BEHAVIOURS,
+                name=fn,
+                sku="cpu",
+                entrypoint=f"behaviours:{fn}",
+                timeout_s=30,
+                max_retries=0,
+            )
     return broker_server
 
 

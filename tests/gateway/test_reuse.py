@@ -43,8 +43,7 @@ def test_three_concurrent_callers_never_get_a_pod_someone_else_used(
 
     def loop(caller: str) -> list[tuple[str, str]]:
         with broker_server.client(caller) as fp:
-            return [(caller, _pod(fp.invoke("noop", i, lease_tag=f"{caller}-t")))
-                    for i in range(8)]
+            return [(caller, _pod(fp.invoke("noop", i, lease_tag=f"{caller}-t"))) for i in range(8)]
 
     with ThreadPoolExecutor(3) as pool:
         runs = [pair for result in pool.map(loop, callers) for pair in result]

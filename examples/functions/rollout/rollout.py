@@ -25,6 +25,10 @@ def rollout(request):
         x, y = min(max(x + dx, 0), size - 1), min(max(y + dy, 0), size - 1)
         total -= 0.01
         if (x, y) == (size - 1, size - 1):
-            return {"return": total + 1.0, "steps": step + 1, "reached_goal": True,
-                    "actions": actions}
+            return {
+                "return": total + 1.0,
+                "steps": step + 1,
+                "reached_goal": True,
+                "actions": actions,
+            }
     return {"return": total, "steps": len(actions), "reached_goal": False, "actions": actions}

@@ -28,14 +28,24 @@ HARNESS = textwrap.dedent(
 def verify(request):
     proc = subprocess.run(
         [sys.executable, "-c", HARNESS, request["solution"], request["tests"]],
-        capture_output=True, text=True, timeout=request.get("timeout_s", 10),
+        capture_output=True,
+        text=True,
+        timeout=request.get("timeout_s", 10),
     )
     if proc.returncode != 0:
-        return {"ok": False, "passed": 0, "failed": 1,
-                "failures": [{"test": "<load>", "error": proc.stderr.strip()[-500:]}]}
+        return {
+            "ok": False,
+            "passed": 0,
+            "failed": 1,
+            "failures": [{"test": "<load>", "error": proc.stderr.strip()[-500:]}],
+        }
     import json
 
     result = json.loads(proc.stdout)
     failed = len(result["failures"])
-    return {"ok": failed == 0, "passed": result["passed"], "failed": failed,
-            "failures": result["failures"]}
+    return {
+        "ok": failed == 0,
+        "passed": result["passed"],
+        "failed": failed,
+        "failures": result["failures"],
+    }
