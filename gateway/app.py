@@ -246,7 +246,26 @@ async def job_logs(request: Request) -> Response:
 async def pools(request: Request) -> Response:
     broker = _broker(request)
     _principal(request, Role.ADMIN)
-    return JSONResponse(pool_report(broker))
+    report = pool_report(broker)
+    if request.query_params.get("pods") in ("1", "true"):
+        report["pod_list"] = [
+            {
+                "name": p.name,
+                "sku": p.sku,
+                "state": str(p.state),
+                "role": p.role,
+                "gpu": p.gpu,
+                "owner": p.owner,
+                "tag": p.tag,
+                "queue": p.queue,
+                "job": p.job_id,
+                "created": p.created,
+                "released_at": p.released_at,
+                "hold_until": p.hold_until,
+            }
+            for p in broker.tracker.pods()
+        ]
+    return JSONResponse(report)
 
 
 def pool_report(broker: Broker) -> dict[str, Any]:

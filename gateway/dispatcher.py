@@ -196,6 +196,10 @@ class Dispatcher:
             self.wake()
             return
         self.tracker.launched(job.id, self.clock())
+        if lease.path not in ("warm", "recycled"):
+            # First use of these pods: persist the owner before any user code runs, so a
+            # restarted broker can never hand a used pod to another caller (paper A.1 step 4).
+            await self.pods.persist_owner(lease.pods, job.caller, job.lease_tag, job.queue)
         if job.id in self._cancel_requested:
             outcome = Outcome(
                 state="cancelled",
@@ -267,7 +271,7 @@ class Dispatcher:
             await self.store.update(job, revision)
         except Exception:
             log.exception("could not record the outcome of job %s", job.id)
-        self.recycler.release(job.id, clean)
+        await self.recycler.release(job.id, clean)
         if retry:
             self._queue.append(job)
             self._queue_dirty = True

@@ -74,17 +74,21 @@ class PodRecycler:
         )
         return not lost and all(results)
 
-    def release(self, job_id: str, clean: bool) -> None:
-        """Hand the pods back to the tracker: held for their owner, or retired and deleted."""
+    async def release(self, job_id: str, clean: bool) -> None:
+        """Hand the pods back to the tracker: held for their owner (the hold persisted as
+        annotations before this returns, so it survives a crash), or retired and deleted."""
         now = self.clock()
+        notes = []
         for release in self.tracker.release(job_id, clean, now):
             if release.retire:
                 self.pods.delete(release.name, release.reason)
             else:
                 pod = self.tracker.get(release.name)
                 if pod is not None:
-                    self.pods.annotate(release.name, ownership_annotations(pod))
+                    notes.append(self.pods.annotate_now(release.name, ownership_annotations(pod)))
         self.on_change()
+        if notes:
+            await asyncio.gather(*notes)
 
     async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
         offset = 0

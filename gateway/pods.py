@@ -121,11 +121,14 @@ class PodManager:
             self.tracker.pod_gone(name, self.clock())
             self.on_change()
 
-    def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
-        """Persist ownership annotations; best-effort, off the job's path."""
-        self._spawn(self._annotate(name, annotations))
+    async def persist_owner(
+        self, names: tuple[str, ...], owner: str, tag: str | None, queue: str
+    ) -> None:
+        """Record a pod's first caller before the job launches (awaited, unlike holds)."""
+        note = {"firepool/owner": owner, "firepool/tag": tag, "firepool/queue": queue}
+        await asyncio.gather(*(self.annotate_now(name, note) for name in names))
 
-    async def _annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
+    async def annotate_now(self, name: str, annotations: Mapping[str, str | None]) -> None:
         try:
             await self.backend.annotate(name, annotations)
         except Exception as exc:  # best-effort by design (paper A.1 step 4)

@@ -1,0 +1,288 @@
+"""Crash recovery under load (issue 4, paper A.1 and C.3).
+
+Callers submit jobs through real HTTP (agent loops of sync invokes with lease tags, RL-style
+fan-outs of async jobs), every request with an Idempotency-Key and retried with the same key
+while the broker is down. Meanwhile the broker is SIGKILLed ``--kills`` times at random moments
+and restarted on the same state directory. The function reports each execution to a recorder
+on loopback, so a job whose user code ran twice is caught from its own side effects.
+
+Prints ``lost`` (accepted jobs that never succeeded, or succeeded without running),
+``duplicated`` (keys executed more than once), ``holds_restored`` / ``holds_before`` (owner
+holds seen just before each kill that the restarted broker still has for the same owner) and
+``restart_to_dispatch_p50_s`` (process start → recovered and dispatching).
+
+    python -m benchmarks.crash --kills 30 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+import orjson
+from tqdm import tqdm
+
+from gateway.auth import Role
+from gateway.harness import BrokerServer, free_port, kill_pods, start_broker
+
+FN = Path(__file__).resolve().parent / "crash_fn"
+CATALOG = (
+    "budgets: {cpu: 32}\n"
+    "pools:\n"
+    "  cpu: {min_count: 2, max_idle_count: 4, max_count: 16, idle_timeout_s: 600}\n"
+)
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class Recorder:
+    """Counts executions per key over HTTP on loopback."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        lock = threading.Lock()
+        hits = self.hits
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                key = parse_qs(urlparse(self.path).query).get("key", [""])[0]
+                with lock:
+                    hits[key] += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Load:
+    """Caller threads; every job key is tracked from acceptance to its final state."""
+
+    def __init__(self, url: str, tokens: dict[str, str], recorder: str, jobs_per_caller: int):
+        self.url = url
+        self.tokens = tokens
+        self.recorder = recorder
+        self.jobs_per_caller = jobs_per_caller
+        self.accepted: dict[str, str] = {}  # key -> job id
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.progress = 0
+
+    def _post(
+        self, http: httpx.Client, path: str, body: dict[str, Any], key: str
+    ) -> dict[str, Any]:
+        """POST until the broker answers (retrying with the same key while it is down)."""
+        while True:
+            try:
+                resp = http.post(
+                    path,
+                    content=orjson.dumps(body),
+                    headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+                )
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            if resp.status_code >= 500:
+                time.sleep(0.1)
+                continue
+            if resp.status_code not in (200, 202):
+                raise RuntimeError(f"{path} {key}: {resp.status_code} {resp.text[:300]}")
+            data: dict[str, Any] = resp.json()
+            job_id = data.get("job_id") or data["id"]
+            with self.lock:
+                self.accepted[key] = job_id
+            return data
+
+    def _wait(self, http: httpx.Client, job_id: str) -> dict[str, Any]:
+        delay = 0.02
+        while True:
+            try:
+                resp = http.get(f"/v1/jobs/{job_id}")
+                if resp.status_code == 200 and resp.json()["state"] in TERMINAL:
+                    result: dict[str, Any] = resp.json()
+                    return result
+            except httpx.HTTPError:
+                pass
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def agent(self, caller: str) -> None:
+        with httpx.Client(
+            base_url=self.url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.tokens[caller]}"},
+        ) as http:
+            for i in range(self.jobs_per_caller):
+                key = f"{caller}-{i}"
+                body = {
+                    "input": {"key": key, "recorder": self.recorder},
+                    "lease_tag": f"{caller}-ep{i // 25}",
+                }
+                data = self._post(http, "/v1/functions/work:invoke", body, key)
+                if data.get("state") not in TERMINAL:
+                    self._wait(http, data.get("job_id") or data["id"])
+                with self.lock:
+                    self.progress += 1
+                time.sleep(random.uniform(0.0, 0.05))  # think time
+
+    def trainer(self, caller: str, fanout: int = 8) -> None:
+        with httpx.Client(
+            base_url=self.url,
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.tokens[caller]}"},
+        ) as http:
+            for it in range(self.jobs_per_caller // fanout):
+                ids = []
+                for r in range(fanout):
+                    key = f"{caller}-{it}-{r}"
+                    body = {"input": {"key": key, "recorder": self.recorder}, "lease_tag": caller}
+                    ids.append(self._post(http, "/v1/functions/work/jobs", body, key)["job_id"])
+                for job_id in ids:
+                    self._wait(http, job_id)
+                with self.lock:
+                    self.progress += fanout
+
+
+def held_pods(server: BrokerServer, admin: str) -> dict[str, str]:
+    resp = httpx.get(
+        f"{server.url}/v1/pools",
+        params={"pods": "1"},
+        headers={"Authorization": f"Bearer {admin}"},
+        timeout=5,
+    )
+    now = time.time()
+    return {
+        p["name"]: p["owner"]
+        for p in resp.json()["pod_list"]
+        if p["state"] == "IDLE" and p["owner"] and (p["hold_until"] or 0) > now + 2
+    }
+
+
+def run(kills: int, callers: int, jobs: int, seed: int, progress: bool) -> dict[str, Any]:
+    random.seed(seed)
+    recorder = Recorder()
+    tmp = tempfile.TemporaryDirectory(prefix="fp-crash-")
+    home = Path(tmp.name)
+    port = free_port()
+    server = start_broker(home, CATALOG, port=port)
+    restarts: list[float] = []
+    holds_before = holds_restored = 0
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(FN, name="work", sku="cpu", entrypoint="crashfn:work", max_retries=3)
+        names = [f"agent{i}" for i in range(callers - callers // 3)]
+        names += [f"trainer{i}" for i in range(callers // 3)]
+        tokens = {n: server.token(n) for n in names}
+        admin = server.token("ops", Role.ADMIN)
+        load = Load(server.url, tokens, recorder.url, jobs // callers)
+        threads = [
+            threading.Thread(
+                target=load.trainer if n.startswith("trainer") else load.agent,
+                args=(n,),
+                daemon=True,
+            )
+            for n in names
+        ]
+        for t in threads:
+            t.start()
+        bar = tqdm(total=kills, desc="kills", disable=not progress, file=sys.stderr)
+        for _ in range(kills):
+            time.sleep(random.uniform(0.5, 2.0))
+            try:
+                before = held_pods(server, admin)
+            except httpx.HTTPError:
+                before = {}
+            server.kill()
+            t0 = time.monotonic()
+            server = start_broker(home, CATALOG, port=port)
+            restarts.append(time.monotonic() - t0)
+            after = held_pods_any_state(server, admin)
+            holds_before += len(before)
+            holds_restored += sum(1 for name, owner in before.items() if after.get(name) == owner)
+            bar.update()
+        bar.close()
+        for t in threads:
+            t.join(timeout=600)
+        final = final_states(server, admin, load.accepted)
+    finally:
+        server.stop()
+        kill_pods(home)
+        recorder.close()
+        tmp.cleanup()
+    hits = recorder.hits
+    lost = [k for k, state in final.items() if state != "SUCCEEDED" or hits[k] == 0]
+    duplicated = [k for k in load.accepted if hits[k] > 1]
+    return {
+        "kills": kills,
+        "callers": callers,
+        "jobs": len(load.accepted),
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "holds_restored": holds_restored,
+        "holds_before": holds_before,
+        "restart_to_dispatch_p50_s": round(statistics.median(restarts), 3) if restarts else None,
+        "restart_to_dispatch_max_s": round(max(restarts), 3) if restarts else None,
+        "examples": {"lost": lost[:5], "duplicated": duplicated[:5]},
+    }
+
+
+def held_pods_any_state(server: BrokerServer, admin: str) -> dict[str, str]:
+    resp = httpx.get(
+        f"{server.url}/v1/pools",
+        params={"pods": "1"},
+        headers={"Authorization": f"Bearer {admin}"},
+        timeout=5,
+    )
+    return {p["name"]: p["owner"] for p in resp.json()["pod_list"] if p["owner"]}
+
+
+def final_states(server: BrokerServer, admin: str, accepted: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with httpx.Client(
+        base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {admin}"}
+    ) as http:
+        for key, job_id in accepted.items():
+            resp = http.get(f"/v1/jobs/{job_id}")
+            out[key] = resp.json()["state"] if resp.status_code == 200 else "MISSING"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--callers", type=int, default=12)
+    parser.add_argument("--jobs", type=int, default=3100)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = run(args.kills, args.callers, args.jobs, args.seed, progress=not args.json)
+    if args.json:
+        print(orjson.dumps(result).decode())
+    else:
+        for key, value in result.items():
+            print(f"{key:>26}: {value}")
+
+
+if __name__ == "__main__":
+    main()
