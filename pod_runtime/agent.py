@@ -24,6 +24,7 @@ from aiohttp import web
 
 from functions.errors import Conflict, ErrorClass, FirepoolError, InvalidRequest, NotFound
 from pod_runtime import spawner
+from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
 from pod_runtime.package import BlobCache
@@ -80,6 +81,7 @@ class Agent:
         self.zygote: spawner.ZygoteClient | None = None
         self.runner: Runner | None = None
         self.blobs: BlobCache | None = None
+        self.cgroups_note = ""
 
     async def _gpu_check(self) -> str | None:
         return await self.nvml.check_after_reset(self.settings.gpu_uuids)
@@ -87,6 +89,13 @@ class Agent:
     async def start(self) -> None:
         self.layout.create()
         set_child_subreaper()
+        cgroups = None
+        if self.settings.cgroups:
+            limits = JobLimits(self.settings.job_memory_max, self.settings.job_pids_max)
+            cgroups = JobCgroups.open(self.settings.pod_name, limits)
+        self.resetter.cgroups = cgroups
+        self.cgroups_note = cgroups.describe() if cgroups else "no writable cgroup v2: /proc only"
+
         loop = asyncio.get_running_loop()
         self.reaper = spawner.Reaper(loop)
         self.blobs = BlobCache(self.layout.blobs, max_bytes=self.settings.limits.max_compressed)
@@ -139,6 +148,7 @@ class Agent:
                 "sandboxed": self.settings.sandboxed,
                 "network": self.settings.network,
                 "zygote": self.zygote is not None and self.zygote.pid is not None,
+                "cgroups": self.cgroups_note,
             }
         )
 

@@ -97,6 +97,8 @@ def validate(zf: zipfile.ZipFile, file_size: int, limits: ArchiveLimits) -> list
     declared = 0
     spans: list[tuple[int, int, str]] = []
     for info in infos:
+        if "\0" in info.orig_filename:  # zipfile silently cuts names at NUL
+            raise PackageRejected(f"entry name {info.orig_filename!r} contains NUL")
         name, is_dir = _check_name(info.filename)
         mode = info.external_attr >> 16
         kind = stat.S_IFMT(mode)

@@ -1,17 +1,99 @@
-"""The argv a local backend spawns for one pod (``start_new_session=True``, never waited on
-by the pod: pods outlive the broker, like Kubernetes pods).
+"""The argv a local backend spawns for one pod: the agent, inside bubblewrap where it works.
+
+The local backend spawns the returned argv with ``start_new_session=True`` and never waits on
+the pod (pods outlive the broker, like Kubernetes pods, so ``--die-with-parent`` is not set).
+
+The sandbox (``bwrap``, run as root here): new PID, mount and IPC namespaces and session;
+``/`` read-only (the venv included); a minimal ``/dev`` plus the NVIDIA device nodes; private
+tmpfs ``/tmp`` and ``/dev/shm``; the pod directory is the only writable tree; all capabilities
+dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
+prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
+and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
+deleting the pod can ``cgroup.kill`` the whole pod at once.
+
+Without a working ``bwrap`` (missing, or the probe fails) the plain agent runs, with one
+warning; ``sandbox=True`` makes that an error instead.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
+import logging
+import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pod_runtime import cgroups
 
+log = logging.getLogger(__name__)
+PROBE_ARGS = (
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+)
+_warned = False
+
+
+@functools.cache
 def sandbox_status() -> tuple[bool, str]:
-    """Whether pods can be sandboxed here, and why (or why not)."""
-    return False, "sandbox not implemented yet: pods run as plain processes"
+    """Whether pods can be sandboxed here, and why (or why not). Probed once per process."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False, "bubblewrap (bwrap) is not installed: pods run as plain processes"
+    try:
+        probe = subprocess.run(
+            [bwrap, *PROBE_ARGS, "true"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bwrap probe failed ({exc!r}): pods run as plain processes"
+    if probe.returncode != 0:
+        err = probe.stderr.decode(errors="replace").strip()
+        return False, f"bwrap probe failed ({err}): pods run as plain processes"
+    return True, f"{bwrap}: pid, mount and ipc namespaces, read-only root, private /tmp+/dev/shm"
+
+
+def _bwrap_argv(pod_dir: Path, network: bool, cgroup_dir: Path | None) -> list[str]:
+    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
+    for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
+        argv += ["--dev-bind", node, node]
+    argv += [
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/dev/shm",
+        "--bind",
+        str(pod_dir),
+        str(pod_dir),
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--chdir",
+        str(pod_dir),
+    ]
+    if cgroup_dir is not None:
+        argv += ["--bind", str(cgroup_dir), str(cgroup_dir)]
+    if not network:
+        argv.append("--unshare-net")
+    return [*argv, "--"]
 
 
 def agent_command(
@@ -27,8 +109,10 @@ def agent_command(
     gpu_uuids: Sequence[str] = (),
     sandbox: bool | None = None,
 ) -> list[str]:
-    """The pod agent's argv (see ``pod_runtime.settings`` for the flags)."""
-    argv = [
+    """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never."""
+    global _warned
+    pod_dir = Path(pod_dir).resolve()
+    agent = [
         python,
         "-P",
         "-m",
@@ -43,11 +127,39 @@ def agent_command(
         role,
     ]
     if preload:
-        argv += ["--preload", ",".join(preload)]
+        agent += ["--preload", ",".join(preload)]
     if not zygote:
-        argv.append("--no-zygote")
+        agent.append("--no-zygote")
     if not network:
-        argv.append("--no-network-note")
+        agent.append("--no-network-note")
     for uuid in gpu_uuids:
-        argv += ["--gpu-uuid", uuid]
-    return argv
+        agent += ["--gpu-uuid", uuid]
+    use_sandbox = False
+    if sandbox is not False:
+        ok, why = sandbox_status()
+        if sandbox and not ok:
+            raise RuntimeError(why)
+        if not ok and not _warned:
+            _warned = True
+            log.warning("pods are not sandboxed: %s", why)
+        use_sandbox = ok
+    pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
+    argv = agent
+    if use_sandbox:
+        argv = [*_bwrap_argv(pod_dir, network, pod_cgroup), *agent, "--sandboxed"]
+    if pod_cgroup is None:
+        return argv
+    # Join the pod's cgroup before exec, from outside any namespace: everything the pod
+    # starts stays below it, and the agent may move its jobs within it.
+    # Join the pod's cgroup from outside any namespace, so everything the pod starts stays
+    # below it (a failed move leaves the agent to track jobs by /proc alone). SIGTERM/INT/HUP
+    # to this shell cgroup.kill the whole pod: signals do not cross into the sandbox's
+    # session, and bwrap's namespace init ignores them.
+    agent_cg = shlex.quote(str(pod_cgroup / "agent"))
+    kill_file = shlex.quote(str(pod_cgroup / "cgroup.kill"))
+    enter = (
+        f"mkdir -p {agent_cg} && {{ echo $$ > {agent_cg}/cgroup.procs || true; }}; "
+        f"trap 'echo 1 > {kill_file}; exit 143' TERM INT HUP; "
+        '"$@" & wait $!'
+    )
+    return ["/bin/sh", "-c", enter, "firepool-pod", *argv]

@@ -20,9 +20,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from functions.errors import InvalidRequest
 from pod_runtime import proctree
+from pod_runtime.cgroups import JobCgroups
 from pod_runtime.settings import PodLayout
 
 PRIVATE_TMPFS = (Path("/tmp"), Path("/dev/shm"))
@@ -39,8 +41,10 @@ class ResetReport:
         return {"clean": self.clean, "reason": self.reason, "duration_ms": self.duration_ms}
 
 
-def empty_dir(path: Path) -> list[str]:
-    """Remove everything inside ``path`` (not ``path`` itself); return what could not go."""
+def empty_dir(path: Path, keep: Path | None = None) -> list[str]:
+    """Remove everything inside ``path`` (not ``path`` itself) except ``keep`` and the
+    directories leading to it (the pod directory is a bind mount inside the private /tmp
+    when the pod lives under /tmp); return what could not be removed."""
     problems: list[str] = []
     try:
         entries = list(os.scandir(path))
@@ -50,14 +54,31 @@ def empty_dir(path: Path) -> list[str]:
     except OSError as exc:
         return [f"{path}: {exc.strerror}"]
     for entry in entries:
+        here = Path(entry.path)
+        if keep is not None and (here == keep or keep.is_relative_to(here)):
+            if here != keep:
+                problems += empty_dir(here, keep)
+            continue
         try:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
+                shutil.rmtree(entry.path, onerror=_make_writable_and_retry)
             else:
                 os.unlink(entry.path)
         except OSError as exc:
             problems.append(f"{entry.path}: {exc.strerror}")
     return problems
+
+
+def _make_writable_and_retry(func: Callable[..., object], path: str, exc_info: Any) -> None:
+    """A job may leave read-only directories; the agent may lack CAP_DAC_OVERRIDE."""
+    if not isinstance(exc_info[1], PermissionError):
+        raise exc_info[1]
+    os.chmod(os.path.dirname(path), 0o700)
+    if func is os.rmdir or func is os.unlink:
+        func(path)
+    else:  # scandir/open of an unreadable directory: make it readable and start over
+        os.chmod(path, 0o700)
+        shutil.rmtree(path, onerror=_make_writable_and_retry)
 
 
 class Resetter:
@@ -71,7 +92,9 @@ class Resetter:
         deadline_s: float = 2.0,
         kill: proctree.KillFn = os.kill,
         gpu_check: Callable[[], Awaitable[str | None]] | None = None,
+        cgroups: JobCgroups | None = None,
     ) -> None:
+        self.cgroups = cgroups
         self.layout = layout
         self.sandboxed = sandboxed
         self.deadline_s = deadline_s
@@ -99,7 +122,7 @@ class Resetter:
             targets += list(PRIVATE_TMPFS)
         problems: list[str] = []
         for target in targets:
-            problems += empty_dir(target)
+            problems += empty_dir(target, self.layout.root.resolve())
         return problems
 
     async def reset(
@@ -107,16 +130,20 @@ class Resetter:
         scope: proctree.JobScope,
         *,
         wipe: Sequence[str] = (),
-        extra_kill: Callable[[], None] | None = None,
     ) -> ResetReport:
         start = time.perf_counter()
         extra = [self.allowed_wipe(p) for p in wipe]
         reasons: list[str] = []
+        extra_kill = self.cgroups.kill if self.cgroups is not None else None
         killed, survivors = await proctree.terminate(
             scope, kill=self.kill, extra_kill=extra_kill, deadline_s=self.deadline_s
         )
         if survivors:
             reasons.append(proctree.describe(survivors))
+        elif self.cgroups is not None:
+            stuck = self.cgroups.remove_empty()
+            if stuck:
+                reasons.append(f"job cgroup(s) still populated: {', '.join(stuck)}")
         problems = await asyncio.to_thread(self._wipe, extra)
         if problems:
             shown = "; ".join(problems[:3])

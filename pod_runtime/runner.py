@@ -22,6 +22,7 @@ import orjson
 
 from functions.errors import ErrorClass, FirepoolError
 from pod_runtime import archive, proctree, spawner
+from pod_runtime.cgroups import JobCgroups
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env
@@ -60,7 +61,7 @@ class Runner:
         blobs: BlobCache,
         deps: Dependencies,
         nvml: Nvml,
-        cgroups: Any = None,
+        cgroups: JobCgroups | None = None,
     ) -> None:
         self.settings = settings
         self.layout = settings.layout
@@ -185,7 +186,11 @@ class Runner:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(attempt.pid, signal.SIGKILL)
-        await proctree.terminate(self.scope(), deadline_s=self.settings.reset_deadline_s)
+        await proctree.terminate(
+            self.scope(),
+            extra_kill=self.cgroups.kill if self.cgroups is not None else None,
+            deadline_s=self.settings.reset_deadline_s,
+        )
 
     def _collect(self, attempt: Attempt, code: int) -> None:
         result, spec = attempt.result, attempt.spec

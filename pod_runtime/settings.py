@@ -3,7 +3,8 @@
 ``python -m pod_runtime.agent --pod-name NAME --pod-dir DIR --listen unix:PATH|tcp:HOST:PORT``
 ``[--preload a,b] [--no-zygote] [--role active|standby] [--gpu-uuid U]... [--no-network-note]``
 ``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
-``[--reset-deadline-s S]``. Frozen after start; nothing else reads the environment.
+``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``.
+Frozen after start; nothing else reads the environment.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class AgentSettings:
     """Package caps."""
     reset_deadline_s: float = 2.0
     """How long reset waits for the job's tasks (including D state) to die."""
+    job_memory_max: int | None = None
+    """Per-job ``memory.max`` in bytes, where the cgroup memory controller is available."""
+    job_pids_max: int | None = None
+    """Per-job ``pids.max``, where the cgroup pids controller is available."""
+    cgroups: bool = True
+    """Use a per-job cgroup v2 where writable (False: /proc tracking only)."""
     python: str = sys.executable
     """Interpreter for the zygote, exec-mode jobs and dependency installs."""
 
@@ -112,6 +119,9 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
     parser.add_argument("--max-extract-bytes", type=int, default=defaults.max_written)
     parser.add_argument("--max-files", type=int, default=defaults.max_files)
     parser.add_argument("--reset-deadline-s", type=float, default=2.0)
+    parser.add_argument("--job-memory-max", type=int, default=None)
+    parser.add_argument("--job-pids-max", type=int, default=None)
+    parser.add_argument("--no-cgroups", action="store_true")
     args = parser.parse_args(argv)
     if not (args.listen.startswith("unix:") or args.listen.startswith("tcp:")):
         parser.error("--listen must be unix:PATH or tcp:HOST:PORT")
@@ -131,4 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
             max_files=args.max_files,
         ),
         reset_deadline_s=args.reset_deadline_s,
+        job_memory_max=args.job_memory_max,
+        job_pids_max=args.job_pids_max,
+        cgroups=not args.no_cgroups,
     )

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,9 @@ from typing import Any
 
 import orjson
 import pytest
+
+from pod_runtime.cgroups import kill_pod
+from pod_runtime.launch import agent_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,23 +44,28 @@ class _UnixConnection(http.client.HTTPConnection):
 class AgentProcess:
     """One ``python -m pod_runtime.agent`` process and a tiny blocking JSON client."""
 
-    def __init__(self, pod_dir: Path, *extra: str, argv: list[str] | None = None) -> None:
+    def __init__(self, pod_dir: Path, *extra: str, sandbox: bool = False) -> None:
         self.pod_dir = pod_dir
         self.socket = pod_dir / "agent.sock"
+        self.name = f"{pod_dir.name}-{uuid.uuid4().hex[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
-        self.argv = argv or [
-            sys.executable,
-            "-P",
-            "-m",
-            "pod_runtime.agent",
-            "--pod-name",
-            pod_dir.name,
-            "--pod-dir",
-            str(pod_dir),
-            "--listen",
-            f"unix:{self.socket}",
-            *extra,
-        ]
+        listen = f"unix:{self.socket}"
+        if sandbox:
+            base = agent_command(pod_name=self.name, pod_dir=pod_dir, listen=listen, sandbox=True)
+        else:
+            base = [
+                sys.executable,
+                "-P",
+                "-m",
+                "pod_runtime.agent",
+                "--pod-name",
+                self.name,
+                "--pod-dir",
+                str(pod_dir),
+                "--listen",
+                listen,
+            ]
+        self.argv = [*base, *extra]
         self.log = open(pod_dir / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             self.argv,
@@ -136,14 +145,15 @@ def agent_factory(
 ) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
-    def start(*extra: str, name: str = "pod") -> AgentProcess:
-        agent = AgentProcess(tmp_path_factory.mktemp(name), *extra)
+    def start(*extra: str, name: str = "pod", sandbox: bool = False) -> AgentProcess:
+        agent = AgentProcess(tmp_path_factory.mktemp(name), *extra, sandbox=sandbox)
         started.append(agent)
         return agent
 
     yield start
     for agent in started:
         agent.stop()
+        kill_pod(agent.name)
 
 
 @pytest.fixture(scope="module")

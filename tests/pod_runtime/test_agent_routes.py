@@ -31,7 +31,7 @@ def spec(
 def test_healthz_names_the_pod_and_its_kept_attempts(agent: AgentProcess) -> None:
     status, body = agent.call("GET", "/healthz")
     assert status == 200
-    assert body["pod"] == agent.pod_dir.name
+    assert body["pod"] == agent.name
     assert body["role"] == "active"
     assert body["busy"] is False
     assert isinstance(body["attempts"], list)

@@ -1,0 +1,168 @@
+"""Verified reset (paper §5 rule 3, A.3): nothing a job starts or leaves behind reaches the next
+job of the pod, and a reset that cannot confirm it says so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pod_runtime.proctree import JobScope
+from pod_runtime.reset import Resetter
+from pod_runtime.settings import PodLayout
+from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
+
+ESCAPE = r"""
+import os, subprocess, sys, tempfile
+
+def _double_fork():
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", "600"])
+        os._exit(0)
+
+def spawn(args):
+    n, dirs = args["n"], [os.environ["TMPDIR"], *args["shared_dirs"]]
+    kids = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            kids.append(subprocess.Popen(["sleep", "600"]))
+        elif kind == 1:
+            kids.append(subprocess.Popen(["sleep", "600"], start_new_session=True))
+        elif kind == 2:
+            kids.append(subprocess.Popen(["setsid", "sleep", "600"]))
+        else:
+            _double_fork()
+    # A short fork bomb: 2^6 - 1 shells that each fork two more and then sleep.
+    subprocess.Popen(["sh", "-c", 'f() { if [ "$1" -gt 0 ]; then f $(($1-1)) & '
+                      'f $(($1-1)) & fi; exec sleep 600; }; f 5'], start_new_session=True)
+    for d in dirs:
+        with open(os.path.join(d, "residue.txt"), "w") as f:
+            f.write("left behind")
+        os.makedirs(os.path.join(d, "ro", "deep"), exist_ok=True)
+        os.chmod(os.path.join(d, "ro"), 0o500)
+    return len(kids)
+
+def look(x):
+    seen = {}
+    for d in (os.environ["TMPDIR"], "/tmp", "/dev/shm"):
+        seen[d] = sorted(os.listdir(d))
+    return seen
+"""
+
+
+def token_processes(token: str) -> list[int]:
+    """Host pids whose environment carries ``ESCAPE_TOKEN=<token>`` (alive, not zombies)."""
+    needle = f"ESCAPE_TOKEN={token}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as env:
+                if needle in env.read() and proc_alive(int(name)):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sandbox", [True, False], ids=["bwrap", "plain"])
+def test_reset_leaves_none_of_the_jobs_processes_or_files(
+    agent_factory: Callable[..., AgentProcess], sandbox: bool
+) -> None:
+    agent = agent_factory(name="escape", sandbox=sandbox)
+    url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
+    pkg = {"url": url, "digest": digest}
+    token = uuid.uuid4().hex
+    # Unsandboxed, /tmp and /dev/shm are the host's: the agent does not wipe them (the job's
+    # TMPDIR is the pod's scratch instead), so the plain run leaves them alone.
+    shared = ["/tmp", "/dev/shm"] if sandbox else []
+    result = agent.run(
+        {
+            "attempt_id": "esc-1:1",
+            "package": pkg,
+            "entrypoint": "escape:spawn",
+            "input": {"n": 100, "shared_dirs": shared},
+            "env": {"ESCAPE_TOKEN": token},
+        }
+    )
+    assert result["state"] == "succeeded", result
+    deadline = time.monotonic() + 10
+    while len(token_processes(token)) < 150 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(token_processes(token)) >= 150  # 100 children + the bomb's shells
+    report = agent.reset()
+    assert report["clean"] is True, report
+    assert token_processes(token) == []
+    seen = agent.run({"attempt_id": "esc-2:1", "package": pkg, "entrypoint": "escape:look"})
+    scratch = str(agent.pod_dir / "workspace" / "scratch")
+    assert seen["output"][scratch] == []
+    if sandbox:
+        # Only the directories leading to the pod dir (a bind mount) remain in /tmp.
+        chain = (
+            agent.pod_dir.relative_to("/tmp").parts[:1]
+            if agent.pod_dir.is_relative_to("/tmp")
+            else ()
+        )
+        assert seen["output"]["/tmp"] == list(chain)
+        assert seen["output"]["/dev/shm"] == []
+    assert agent.reset()["clean"] is True
+
+
+async def test_a_process_that_survives_sigkill_makes_the_reset_unclean(tmp_path: Path) -> None:
+    """Simulation: the injected ``kill`` skips one real process, as if SIGKILL had no effect
+    on it (a task stuck in the kernel). Limits: the kernel never really refused the signal,
+    so this proves the verification and the report, not the kernel's behaviour."""
+    layout = PodLayout(tmp_path)
+    layout.create()
+    for run in range(5):
+        stubborn = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        try:
+
+            def kill(pid: int, sig: int, spared: int = stubborn.pid) -> None:
+                if pid != spared:
+                    os.kill(pid, sig)
+
+            resetter = Resetter(layout, sandboxed=False, deadline_s=0.1, kill=kill)
+            scope = JobScope(agent_pid=-1, exclude=set(), sessions={stubborn.pid})
+            report = await resetter.reset(scope)
+            assert report.clean is False, run
+            assert "survived SIGKILL" in report.reason and str(stubborn.pid) in report.reason
+        finally:
+            stubborn.kill()
+            stubborn.wait()
+
+
+async def test_residue_that_cannot_be_removed_makes_the_reset_unclean(tmp_path: Path) -> None:
+    layout = PodLayout(tmp_path / "pod")
+    layout.create()
+    extra = tmp_path / "pod" / "volume"
+    extra.mkdir()
+    (extra / "data").write_text("x")
+    resetter = Resetter(layout, sandboxed=False)
+    original = os.unlink
+
+    def refuse(path: str | bytes | os.PathLike[str], *args: object, **kw: object) -> None:
+        if str(path).endswith("data"):
+            raise PermissionError(1, "Operation not permitted")
+        original(path)
+
+    scope = JobScope(agent_pid=-1, exclude=set(), sessions=set())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "unlink", refuse)
+        report = await resetter.reset(scope, wipe=[str(extra)])
+    assert report.clean is False
+    assert "could not be removed" in report.reason and "data" in report.reason
+
+
+def test_wipe_paths_outside_the_pod_are_refused(agent: AgentProcess) -> None:
+    status, body = agent.call("POST", "/reset", {"wipe": ["/etc"]})
+    assert status == 400 and body["error"]["field"] == "wipe"
