@@ -1,15 +1,17 @@
 """Pod and job lifecycles as data.
 
 One ``TRANSITIONS`` table per lifecycle, one ``transition`` function that rejects illegal moves
-and appends ``(now, old, new, reason)`` to the object's history, so "why is this here?" always
-has an answer. Pure code: no I/O, time is passed in.
+and records ``(now, old, new, reason)``: in a job's own ``history``, or for pods in the
+tracker's bounded ``TransitionLog``, so "why is this here?" always has an answer. Pure code:
+no I/O, time is passed in.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 
 class JobState(StrEnum):
@@ -79,34 +81,60 @@ class IllegalTransition(ValueError):
 S = TypeVar("S", JobState, PodState)
 
 
-class HasLifecycle(Protocol[S]):
+class HasState(Protocol[S]):
     state: S
+
+
+class HasLifecycle(HasState[S], Protocol[S]):
     history: list[tuple[float, str, str, str]]
 
 
-#: Pods keep only their last few transitions: the tracker holds 100,000 of them and the
-#: claim path must not grow memory. Jobs keep their whole (short) history.
-POD_HISTORY_LIMIT = 3
+class TransitionLog:
+    """A bounded ring of ``(now, subject, old, new, reason)`` shared by many objects.
+
+    Pods keep their history here rather than in a list each: the tracker holds 100,000 pods
+    and memory per pod is a budget, while "why is this pod here?" only needs the recent past.
+    Appending is one C-level ``deque.append``; looking one subject up scans the ring.
+    """
+
+    __slots__ = ("_ring",)
+
+    def __init__(self, maxlen: int = 32768) -> None:
+        self._ring: deque[tuple[float, str, str, str, str]] = deque(maxlen=maxlen)
+
+    def record(self, now: float, subject: str, old: str, new: str, reason: str) -> None:
+        self._ring.append((now, subject, old, new, reason))
+
+    def of(self, subject: str) -> list[tuple[float, str, str, str]]:
+        """``subject``'s transitions still in the ring, oldest first."""
+        return [(t, old, new, why) for t, s, old, new, why in self._ring if s == subject]
+
+    def clear(self) -> None:
+        self._ring.clear()
+
+    def __len__(self) -> int:
+        return len(self._ring)
 
 
 def transition(
-    obj: HasLifecycle[S],
+    obj: HasState[S],
     new: S,
     reason: str,
     now: float,
     table: Mapping[S, frozenset[S]],
-    limit: int | None = None,
+    log: TransitionLog | None = None,
+    subject: str = "",
 ) -> None:
     """Move ``obj`` to ``new`` if the table allows it, recording why and when.
 
-    ``limit`` bounds the history to its last ``limit`` entries. States are ``StrEnum``
-    members, so they are stored as-is (they are ``str``) without copying.
+    The record goes to ``log`` under ``subject`` when given (pods), else to ``obj.history``
+    (jobs). States are ``StrEnum`` members, so they are stored as-is (they are ``str``).
     """
     old = obj.state
     if new not in table[old]:
-        raise IllegalTransition(f"{old} -> {new} is not allowed ({reason})")
+        raise IllegalTransition(f"{subject or type(obj).__name__}: {old} -> {new} ({reason})")
     obj.state = new
-    history = obj.history
-    history.append((now, old, new, reason))
-    if limit is not None and len(history) > limit:
-        del history[0]
+    if log is not None:
+        log._ring.append((now, subject, old, new, reason))
+    else:
+        cast("HasLifecycle[S]", obj).history.append((now, old, new, reason))

@@ -1,20 +1,15 @@
 """The pod tracker: every pod by name, SKU, owner and job, behind one lock (paper §3, A.1).
 
-Claim, launch, unclaim and release are each one step under ``_lock``: finding eligible pods,
-checking per-caller limits, validating the transitions and recording the lease happen
-together, so no two dispatchers claim the same pod or overrun a limit. Nothing inside the lock
-does I/O, logs, sleeps or reads a clock: time is passed in (``now``), which is what lets the
-simulator and the property tests drive this exact code.
+Claim, launch, unclaim and release are each one step under ``_lock``: finding eligible pods
+(``claim_policy``), checking per-caller limits, validating the transitions and recording the
+lease happen together, so no two dispatchers claim the same pod or overrun a limit. Nothing
+inside the lock does I/O, logs, sleeps or reads a clock: time is passed in (``now``), which
+is what lets the simulator and the property tests drive this exact code.
 
-Claim buckets hold only pods claimable *right now* (``IDLE``, GPU gate open, and for a standby
-a verified-exclusive GPU), so every lookup is O(1):
-
-* ``_exact[(sku, owner, queue, tag)]`` and ``_owned[(sku, owner)]``: used pods held for
-  their owner (owner-only reuse; ``_exact`` is a subset of ``_owned``);
-* ``_fresh[sku]``: never-used idle pods; ``_standby[sku]``: promotable standbys.
-
-Each bucket is a dict used as an insertion-ordered set; the most recently idled pod is taken
-first (warmest page cache; older holds are the ones left to expire).
+Lifecycle of a pod, from the shell's side: ``add_pod`` (STARTING, right after a create is
+planned) -> ``pod_ready`` (IDLE) -> ``claim`` (ASSIGNED) -> ``launched`` (RUNNING) ->
+``release`` (IDLE held for its owner, or RETIRING) -> ... -> the shell deletes a RETIRING pod
+-> ``pod_gone``. ``unclaim`` undoes a claim whose durable commit failed.
 
 Concurrency rule: public methods take ``_lock``; helpers ending in ``_locked`` assume it is
 held. ``reconcile`` additionally serialises scaler passes with ``_reconcile_lock`` (never
@@ -30,7 +25,8 @@ from dataclasses import replace
 from typing import Any
 
 from pool_manager.budgets import BudgetLedger
-from pool_manager.catalog import Catalog, PoolSpec
+from pool_manager.catalog import Catalog
+from pool_manager.claim_policy import ClaimPolicy
 from pool_manager.model import (
     PATH_ORDER,
     Action,
@@ -42,14 +38,14 @@ from pool_manager.model import (
     PodInfo,
     PodRelease,
 )
-from pool_manager.pod_index import Bucket, LiveJob, PodIndex
+from pool_manager.pod_index import add, gpus_per_pod
 from pool_manager.scaler import plan
 from pool_manager.snapshot import PoolSnapshot, build_snapshot
 from pool_manager.states import (
-    POD_HISTORY_LIMIT,
     POD_TRANSITIONS,
     IllegalTransition,
     PodState,
+    TransitionLog,
     transition,
 )
 
@@ -58,10 +54,15 @@ _ASSIGNED = PodState.ASSIGNED
 _RUNNING = PodState.RUNNING
 _RETIRING = PodState.RETIRING
 _T = POD_TRANSITIONS
-_H = POD_HISTORY_LIMIT
+_new_lease = _new_release = tuple.__new__  # NamedTuple construction without the Python shim
+_MISSES = {
+    r: Miss(r)
+    for r in ("unknown_sku", "no_idle_pod", "gang_unplaceable", "caller_pod_limit",
+              "caller_gpu_limit")
+}  # fmt: skip
 
 
-class Tracker(PodIndex):
+class Tracker(ClaimPolicy):
     """In-memory pod index and the claim policy. See the module docstring for the rules."""
 
     def __init__(
@@ -70,18 +71,25 @@ class Tracker(PodIndex):
         ledger: BudgetLedger | None = None,
         *,
         lock: AbstractContextManager[Any] | None = None,
+        history: int = 16384,
     ) -> None:
+        """``ledger``: the per-accelerator ledger the scaler reserves in and ``pod_gone``
+        releases to; pass the broker's one ledger (default: a new one from the catalog).
+        ``history``: pod transitions kept in ``log`` (all pods together)."""
         super().__init__(catalog, ledger if ledger is not None else BudgetLedger(catalog.budgets))
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._reconcile_lock = threading.Lock()
+        self.log = TransitionLog(history)
+        """Recent pod transitions (bounded): ``history(name)`` answers "why is it here?"."""
 
     # -- pods appear, become ready, vanish -------------------------------------------------
     def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> None:
-        """Track a pod the shell just asked the backend for (normally ``STARTING``).
+        """Track a pod the shell just asked the backend for (``STARTING``; ``IDLE`` is
+        accepted for a pod found ready). The tracker takes ownership of ``pod``.
 
-        The tracker takes ownership of ``pod``. ``reserved``: the scaler already reserved the
-        pod's budget units (every ``CreatePod`` it returns); pass ``False`` for a pod found
-        outside a plan, whose units are then recorded even past the budget.
+        ``reserved``: the scaler already reserved the pod's budget units (every active
+        ``CreatePod`` it returns); pass ``False`` for a pod found outside a plan, whose units
+        are then recorded even past the budget.
         """
         with self._lock:
             if pod.name in self._pods:
@@ -90,6 +98,7 @@ class Tracker(PodIndex):
                 raise ValueError(f"pod {pod.name!r} has unknown sku {pod.sku!r}")
             if pod.state is not PodState.STARTING and pod.state is not _IDLE:
                 raise ValueError("add_pod takes STARTING or IDLE pods; use restore() for others")
+            pod.job_id = None
             self._pods[pod.name] = pod
             self._join_group_locked(pod, reserved=reserved)
             if pod.state is _IDLE:
@@ -105,18 +114,17 @@ class Tracker(PodIndex):
             if pod is None or pod.state is not PodState.STARTING:
                 return  # deleted or retired while starting: nothing to do
             if gpu is not None and pod.gpu is None:
-                self._leave_group_locked(pod, release=False)
                 pod.gpu = gpu
                 self._join_group_locked(pod, reserved=True, moved=True)
-            transition(pod, _IDLE, "ready", now, _T, _H)
+            transition(pod, _IDLE, "ready", now, _T, self.log, pod.name)
             if pod.owner is None:
                 pod.released_at = now
             self._index_locked(pod)
 
     def pod_gone(self, name: str, now: float) -> str | None:
-        """The pod vanished or its delete completed (or its create failed): forget it, release
-        its budget when its group empties, open its GPU gate. Returns the job it ran, if any;
-        that job's other pods stay leased until ``release``."""
+        """The pod vanished, its delete completed, or its create failed: forget it, release
+        its budget when its group empties, open a GPU gate it held. Returns the job it was
+        leased to, if any; that job's other pods stay leased until ``release``."""
         with self._lock:
             pod = self._pods.pop(name, None)
             if pod is None:
@@ -124,25 +132,48 @@ class Tracker(PodIndex):
             if pod.state is _IDLE:
                 self._unindex_locked(pod)
             job_id = pod.job_id
-            if job_id is not None:
-                job = self._jobs.get(job_id)
-                if job is not None:
-                    self._uncount_locked(job, 1)
-            transition(pod, PodState.DELETED, "gone", now, _T, _H)
+            if job_id is not None and self._limited and job_id in self._jobs:
+                req = self._jobs[job_id][0]
+                self._count_locked(req.caller, -1, -gpus_per_pod(self._specs[req.sku]))
+            transition(pod, PodState.DELETED, "gone", now, _T, self.log, pod.name)
             self._leave_group_locked(pod, release=True)
             return job_id
 
     # -- claim -----------------------------------------------------------------------------
     def claim(self, req: ClaimRequest, now: float) -> Lease | Miss:
-        """All of ``req.pods`` pods in one step, or nothing (a ``Miss`` saying why).
-
-        Order per SKU: the caller's own held pod (same queue and tag: ``warm``; across a
-        session boundary: ``recycled``, retires after the job) -> a never-used idle pod
-        (``idle``, or ``new`` if it became ready after the job was queued) -> a promotable
-        standby (``standby``) -> miss. Single-use jobs take only never-used pods.
-        """
+        """All of ``req.pods`` pods in one step, or nothing (a ``Miss`` saying why). The
+        order is ``claim_policy``'s; per-caller limits are checked in the same step."""
         with self._lock:
-            return self._claim_locked(req, now)
+            spec = self._specs.get(req.sku)
+            if spec is None:
+                return _MISSES["unknown_sku"]
+            if self._limited:
+                over = self._over_limit_locked(req, spec)
+                if over is not None:
+                    return _MISSES[over]
+            if req.pods != 1 or req.single_use:
+                return self._claim_many_locked(req, now)
+            sku, caller = req.sku, req.caller
+            key = (sku, caller, req.queue, req.lease_tag)
+            bucket = self._exact.get(key)
+            if bucket:  # the hot path: the caller's own pod, same session
+                # An emptied bucket stays (lazily swept): the next release refills it.
+                name = bucket.popitem()[0]
+                pod = self._pods[name]
+                path = "warm"
+                reason: str | None = None
+            else:
+                picked = self._pick_cold_locked(req, spec.tag_mode == "hint")
+                if picked is None:
+                    return _MISSES["no_idle_pod"]
+                pod, path, reason = picked
+                name = pod.name
+            self._take_locked(pod, req, path, now)
+            pods = (name,)
+            self._jobs[req.job_id] = (req, pods, pods if path == "standby" else ())
+            if self._limited:
+                self._count_locked(caller, 1, gpus_per_pod(spec))
+            return _new_lease(Lease, (req.job_id, pods, path, reason))
 
     def claim_all(
         self, requests: Iterable[ClaimRequest], now: float
@@ -159,203 +190,107 @@ class Tracker(PodIndex):
                 demand.append(req)
         return leases, demand
 
-    def _claim_locked(self, req: ClaimRequest, now: float) -> Lease | Miss:
-        spec = self._specs.get(req.sku)
-        if spec is None:
-            return Miss("unknown_sku")
-        if self._limited:
-            over = self._over_limit_locked(req, spec)
-            if over is not None:
-                return Miss(over)
-        if req.pods != 1 or req.single_use:
-            return self._claim_many_locked(req, spec, now)
-        caller = req.caller
-        sku = req.sku
-        bucket = self._exact.get((sku, caller, req.queue, req.lease_tag))
-        if bucket:
-            pod = self._pods[next(reversed(bucket))]
-            path = "warm"
-            reason: str | None = None
-        else:
-            picked = self._pick_cold_locked(req, spec)
-            if picked is None:
-                return Miss("no_idle_pod")
-            pod, path, reason = picked
-        self._take_locked(pod, req, path, now)
-        gpus = spec.units_per_pod if spec.accelerator != "cpu" else 0
-        promoted = (pod.name,) if path == "standby" else ()
-        self._jobs[req.job_id] = LiveJob(req, (pod.name,), promoted, gpus)
-        if self._limited:
-            self._count_locked(caller, 1, gpus)
-        return Lease(req.job_id, (pod.name,), path, reason)
-
-    def _pick_cold_locked(
-        self, req: ClaimRequest, spec: PoolSpec
-    ) -> tuple[PodInfo, str, str | None] | None:
-        """Everything after an exact warm match, for a one-pod, reusable job."""
-        owned = self._owned.get((req.sku, req.caller))
-        if owned:
-            if spec.tag_mode == "hint":
-                for name in reversed(owned):
-                    pod = self._pods[name]
-                    if pod.queue == req.queue:
-                        return pod, "warm", None  # the tag is only a routing hint here
-            pod = self._pods[next(reversed(owned))]
-            why = "queue_changed" if pod.queue != req.queue else "tag_changed"
-            return pod, "recycled", why
-        fresh = self._fresh.get(req.sku)
-        if fresh:
-            pod = self._pods[next(reversed(fresh))]
-            if pod.released_at is not None and pod.released_at > req.queued_at:
-                return pod, "new", "no_idle_pod_when_queued"
-            return pod, "idle", "no_owned_idle_pod"
-        standby = self._standby.get(req.sku)
-        if standby:
-            return self._pods[next(reversed(standby))], "standby", "no_idle_pod"
-        return None
-
-    def _claim_many_locked(self, req: ClaimRequest, spec: PoolSpec, now: float) -> Lease | Miss:
+    def _claim_many_locked(self, req: ClaimRequest, now: float) -> Lease | Miss:
         """Gangs and single-use jobs: N pods on distinct physical GPUs, all or nothing."""
-        picked = self._pick_many_locked(req)
+        spec = self._specs[req.sku]
+        picked = self._pick_many_locked(req, spec.tag_mode == "hint")
         if picked is None:
-            return Miss("gang_unplaceable" if req.pods > 1 else "no_idle_pod")
-        names: list[str] = []
-        promoted: list[str] = []
-        coldest = 0
-        reason: str | None = None
+            return _MISSES["gang_unplaceable" if req.pods > 1 else "no_idle_pod"]
+        coldest, reason = 0, None
         for pod, path, why in picked:
+            self._unindex_locked(pod)
             self._take_locked(pod, req, path, now)
-            names.append(pod.name)
-            if path == "standby":
-                promoted.append(pod.name)
             rank = PATH_ORDER.index(path)
             if rank > coldest or (rank == coldest and reason is None):
                 coldest, reason = rank, why
-        path = "single_use" if req.single_use else PATH_ORDER[coldest]
-        if req.single_use:
-            reason = "single_use_requested"
-        gpus = spec.units_per_pod if spec.accelerator != "cpu" else 0
-        job = LiveJob(req, tuple(names), tuple(promoted), gpus)
-        self._jobs[req.job_id] = job
+        names = tuple(pod.name for pod, _, _ in picked)
+        promoted = tuple(pod.name for pod, path, _ in picked if path == "standby")
+        self._jobs[req.job_id] = (req, names, promoted)
         if self._limited:
-            self._count_locked(req.caller, len(names), gpus * len(names))
-        return Lease(req.job_id, job.pods, path, None if path == "warm" else reason)
-
-    def _pick_many_locked(self, req: ClaimRequest) -> list[tuple[PodInfo, str, str | None]] | None:
-        want = req.pods
-        chosen: list[tuple[PodInfo, str, str | None]] = []
-        seen: set[str] = set()
-        cards: set[str] = set()
-        sources: list[tuple[Bucket | None, str, str | None]] = []
-        if not req.single_use:
-            exact = self._exact.get((req.sku, req.caller, req.queue, req.lease_tag))
-            sources.append((exact, "warm", None))
-            sources.append((self._owned.get((req.sku, req.caller)), "recycled", "tag_changed"))
-        sources.append((self._fresh.get(req.sku), "idle", "no_owned_idle_pod"))
-        sources.append((self._standby.get(req.sku), "standby", "no_idle_pod"))
-        hint = self._specs[req.sku].tag_mode == "hint"
-        for bucket, path, why in sources:
-            if not bucket:
-                continue
-            for name in reversed(bucket):
-                if name in seen:
-                    continue
-                pod = self._pods[name]
-                if pod.gpu is not None:
-                    if pod.gpu in cards:
-                        continue
-                    cards.add(pod.gpu)
-                seen.add(name)
-                p, w = path, why
-                if path == "recycled":
-                    if pod.queue != req.queue:
-                        w = "queue_changed"
-                    elif hint:
-                        p, w = "warm", None
-                elif path == "idle" and (pod.released_at or 0.0) > req.queued_at:
-                    p, w = "new", "no_idle_pod_when_queued"
-                chosen.append((pod, p, w))
-                if len(chosen) == want:
-                    return chosen
-        return None
+            self._count_locked(req.caller, len(names), gpus_per_pod(spec) * len(names))
+        if req.single_use:
+            return Lease(req.job_id, names, "single_use", "single_use_requested")
+        path = PATH_ORDER[coldest]
+        return Lease(req.job_id, names, path, None if path == "warm" else reason)
 
     def _take_locked(self, pod: PodInfo, req: ClaimRequest, path: str, now: float) -> None:
-        """Move one claimable pod to ASSIGNED for ``req`` and close its GPU's gate."""
-        self._unindex_locked(pod)
-        transition(pod, _ASSIGNED, path, now, _T, _H)
+        """Move one claimable pod, already out of its bucket, to ASSIGNED for ``req``; close
+        its GPU's gate."""
+        transition(pod, _ASSIGNED, path, now, _T, self.log, pod.name)
         pod.job_id = req.job_id
-        if path == "recycled":
-            pod.retire_after = True
-        elif path == "standby":
-            pod.role = "active"
-        if req.single_use:
-            pod.single_use = True
-        gpu = pod.gpu
-        if gpu is not None:
-            group = self._groups[gpu]
-            group.gate = pod.name
-            for other in group.pods:  # park the rest of the group: one job per GPU
-                if other != pod.name:
-                    peer = self._pods[other]
-                    if peer.state is _IDLE:
-                        self._unindex_locked(peer)
+        if path != "warm":
+            if path == "recycled":
+                pod.retire_after = True
+            elif path == "standby":
+                pod.role = "active"
+            if req.single_use:
+                pod.single_use = True
+        if pod.gpu is not None:
+            self._close_gate_locked(pod, pod.gpu)
 
     # -- after the claim -------------------------------------------------------------------
     def launched(self, job_id: str, now: float) -> None:
         """ASSIGNED -> RUNNING once the durable commit succeeded. The pod now records its
         caller, queue and tag (what the shell persists as ownership annotations)."""
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
+            rec = self._jobs.get(job_id)
+            if rec is None:
                 return
-            for name in job.pods:
+            req = rec[0]
+            for name in rec[1]:
                 pod = self._pods.get(name)
                 if pod is not None and pod.job_id == job_id and pod.state is _ASSIGNED:
-                    transition(pod, _RUNNING, "launched", now, _T, _H)
-                    pod.owner, pod.queue, pod.tag = job.caller, job.queue, job.tag
+                    transition(pod, _RUNNING, "launched", now, _T, self.log, pod.name)
+                    pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
 
     def unclaim(self, job_id: str, now: float) -> None:
         """The durable commit failed: every pod goes back exactly as it was (same owner, tag,
         hold and role; a promoted standby is a standby again). Only before ``launched``."""
         with self._lock:
-            job = self._jobs.pop(job_id, None)
-            if job is None:
+            rec = self._jobs.get(job_id)
+            if rec is None:
                 return
-            for name in job.pods:
-                pod = self._pods.get(name)
-                if pod is None or pod.job_id != job_id:
-                    continue
+            req, names, promoted = rec
+            live = [p for p in map(self._pods.get, names) if p is not None and p.job_id == job_id]
+            for pod in live:
                 if pod.state is not _ASSIGNED:
-                    raise IllegalTransition(f"unclaim of {job_id}: pod {name} is {pod.state}")
-                self._uncount_locked(job, 1)
-                transition(pod, _IDLE, "unclaimed", now, _T, _H)
+                    raise IllegalTransition(f"unclaim of {job_id}: {pod.name} is {pod.state}")
+            del self._jobs[job_id]
+            for pod in live:
+                if self._limited:
+                    self._count_locked(req.caller, -1, -gpus_per_pod(self._specs[req.sku]))
+                transition(pod, _IDLE, "unclaimed", now, _T, self.log, pod.name)
                 pod.job_id = None
                 pod.retire_after = False
                 pod.single_use = False
-                if name in job.promoted:
+                if pod.name in promoted:
                     pod.role = "standby"
-                self._open_gate_locked(pod)
+                if pod.gpu is not None:
+                    self._open_gate_locked(pod)
                 self._index_locked(pod)
 
     def release(self, job_id: str, clean: bool, now: float) -> list[PodRelease]:
         """The job ended and each pod's reset reported ``clean`` (processes verified dead,
-        scratch wiped) or not. Clean and no boundary: IDLE, held for the caller until
-        ``now + hold_s``. Otherwise the pod retires (RETIRING; the shell deletes it, then
-        calls ``pod_gone``). A clean reset opens the GPU gate; an unclean one keeps it closed
-        until the pod is gone."""
+        scratch wiped) or not. Clean with no boundary: IDLE, held for the caller until
+        ``now + hold_s``. Otherwise RETIRING (the shell deletes it, then calls ``pod_gone``).
+        A clean reset opens the GPU gate; an unclean one keeps it closed until the pod is
+        gone."""
         with self._lock:
-            job = self._jobs.pop(job_id, None)
-            if job is None:
+            rec = self._jobs.pop(job_id, None)
+            if rec is None:
                 return []
-            spec = self._specs[job.sku]
+            req = rec[0]
+            spec = self._specs[req.sku]
             hold = spec.hold_s
             out: list[PodRelease] = []
-            for name in job.pods:
+            for name in rec[1]:
                 pod = self._pods.get(name)
                 if pod is None or pod.job_id != job_id:
                     continue
-                self._uncount_locked(job, 1)
+                if self._limited:
+                    self._count_locked(req.caller, -1, -gpus_per_pod(spec))
                 pod.job_id = None
+                pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
                 if not clean:
                     why = "unclean_reset"
                 elif pod.retire_after:
@@ -367,16 +302,23 @@ class Tracker(PodIndex):
                 elif hold <= 0:
                     why = "no_owner_hold"
                 else:
-                    pod.owner, pod.queue, pod.tag = job.caller, job.queue, job.tag
                     pod.released_at = now
                     pod.hold_until = now + hold
-                    transition(pod, _IDLE, "released", now, _T, _H)
-                    self._open_gate_locked(pod)
-                    self._index_locked(pod)
-                    out.append(PodRelease(name, False, "held"))
+                    transition(pod, _IDLE, "released", now, _T, self.log, pod.name)
+                    if pod.gpu is not None:
+                        self._open_gate_locked(pod)
+                        self._index_locked(pod)
+                    else:  # _index_locked, inlined for the hot path
+                        key = (req.sku, req.caller, req.queue, req.lease_tag)
+                        bucket = self._exact.get(key)
+                        if bucket is None:
+                            self._exact[key] = {name: None}
+                            add(self._owned, key[:2], key[2:])
+                        else:
+                            bucket[name] = None
+                    out.append(_new_release(PodRelease, (name, False, "held")))
                     continue
-                pod.owner, pod.queue, pod.tag = job.caller, job.queue, job.tag
-                transition(pod, _RETIRING, why, now, _T, _H)
+                transition(pod, _RETIRING, why, now, _T, self.log, pod.name)
                 if clean:
                     self._open_gate_locked(pod)
                 out.append(PodRelease(name, True, why))
@@ -387,24 +329,17 @@ class Tracker(PodIndex):
         """Owner holds past ``hold_until`` retire (never handed to anyone else)."""
         out: list[DeletePod] = []
         with self._lock:
+            self._sweep_empty_locked()
             expired = [
                 pod
-                for bucket in self._owned.values()
+                for bucket in self._exact.values()
                 for pod in map(self._pods.__getitem__, bucket)
                 if pod.hold_until is not None and pod.hold_until <= now
             ]
-            for group in self._groups.values():
-                if group.gate is None:
-                    continue
-                for name in group.pods:  # parked holds behind a closed gate expire too
-                    pod = self._pods[name]
-                    if (
-                        pod.state is _IDLE
-                        and pod.owner is not None
-                        and pod.hold_until is not None
-                        and pod.hold_until <= now
-                    ):
-                        expired.append(pod)
+            for pod in self._parked_locked():  # holds behind a closed gate expire too
+                until = pod.hold_until
+                if pod.owner is not None and until is not None and until <= now:
+                    expired.append(pod)
             for pod in expired:
                 if self._retire_locked(pod, "hold_expired", now):
                     out.append(DeletePod(pod.name, "hold_expired"))
@@ -422,7 +357,7 @@ class Tracker(PodIndex):
             self._unindex_locked(pod)
         elif pod.state is not PodState.STARTING:
             return False
-        transition(pod, _RETIRING, reason, now, _T, _H)
+        transition(pod, _RETIRING, reason, now, _T, self.log, pod.name)
         return True
 
     def reconcile(self, demand: Sequence[ClaimRequest], now: float) -> list[Action]:
@@ -442,28 +377,32 @@ class Tracker(PodIndex):
         """Rebuild everything from the backend's pods after a restart (paper A.1).
 
         Pod fields come from labels and annotations: state, GPU, role, owner, tag, queue,
-        release time and hold, and ``job_id`` for pods bound to a RUNNING job (the recovery
-        then re-attaches, releases or unclaims those jobs). The ledger is rebuilt with one
-        reservation per group. Every GPU starts unverified: no standby promotion until
+        release time and hold, and ``job_id`` for pods bound to a RUNNING job (recovery then
+        re-attaches, releases or unclaims those jobs; ``owner``/``queue``/``tag`` of a leased
+        pod name its job's caller, as ``launched`` records them). The ledger is rebuilt with
+        one reservation per group. Every GPU starts unverified: no standby promotion until
         ``mark_gpu_verified``. A retiring pod keeps its GPU's gate closed until it is gone.
-        Returns deletes for pods the catalog no longer knows.
+        Returns deletes for pods this catalog cannot track.
         """
         orphans: list[DeletePod] = []
         with self._lock:
             self._clear_locked()
             self.ledger.clear()
+            self.log.clear()
             jobs: dict[str, list[PodInfo]] = {}
             kept: list[PodInfo] = []
             for src in pods:
                 if src.sku not in self._specs or src.name in self._pods:
                     orphans.append(DeletePod(src.name, "unknown_pod"))
                     continue
-                pod = replace(src, history=list(src.history))
-                if pod.state is PodState.DELETED:
+                if src.state is PodState.DELETED:
                     continue
+                pod = replace(src)
                 if pod.state is _ASSIGNED or pod.state is _RUNNING:
                     if pod.job_id is None:
-                        transition(pod, _RETIRING, "restored_without_job", now, _T, _H)
+                        transition(
+                            pod, _RETIRING, "restored_without_job", now, _T, self.log, pod.name
+                        )
                     else:
                         jobs.setdefault(pod.job_id, []).append(pod)
                 else:
@@ -473,20 +412,14 @@ class Tracker(PodIndex):
                 kept.append(pod)
             for job_id, members in jobs.items():
                 first = members[0]
-                spec = self._specs[first.sku]
                 req = ClaimRequest(
-                    job_id,
-                    first.owner or "",
-                    first.sku,
-                    first.tag,
-                    first.queue or "default",
+                    job_id, first.owner or "", first.sku, first.tag, first.queue or "default",
                     len(members),
-                )
-                gpus = spec.units_per_pod if spec.accelerator != "cpu" else 0
-                job = LiveJob(req, tuple(p.name for p in members), (), gpus)
-                self._jobs[job_id] = job
+                )  # fmt: skip
+                self._jobs[job_id] = (req, tuple(p.name for p in members), ())
                 if self._limited:
-                    self._count_locked(job.caller, len(members), gpus * len(members))
+                    n = len(members)
+                    self._count_locked(req.caller, n, n * gpus_per_pod(self._specs[first.sku]))
             for pod in kept:
                 if pod.state is _IDLE:
                     if pod.owner is None and pod.released_at is None:
@@ -495,42 +428,39 @@ class Tracker(PodIndex):
         return orphans
 
     def mark_gpu_verified(self, gpu: str, exclusive: bool, now: float) -> None:
-        """The sweep read the card's usage: ``exclusive`` iff every share on it belongs to this
-        group (a card missing from the report is not exclusive). A failed read must not call
-        this at all: it changes nothing that tick."""
+        """The sweep read the card's usage: ``exclusive`` iff every share on it belongs to
+        this group (a card missing from the report is not exclusive). A failed read must not
+        call this at all: it changes nothing that tick."""
         with self._lock:
-            self._exclusive[gpu] = exclusive
-            group = self._groups.get(gpu)
-            if group is None:
-                return
-            for name in group.pods:
-                pod = self._pods[name]
-                if pod.state is _IDLE and pod.role == "standby":
-                    if exclusive:
-                        self._index_locked(pod)
-                    else:
-                        self._unindex_locked(pod)
+            self._set_exclusive_locked(gpu, exclusive)
 
     # -- views -----------------------------------------------------------------------------
     def get(self, name: str) -> PodInfo | None:
         with self._lock:
             pod = self._pods.get(name)
-            return None if pod is None else replace(pod, history=list(pod.history))
+            return None if pod is None else replace(pod)
 
     def pods(self) -> list[PodInfo]:
         """Copies of every pod, for /v1/pools and persistence."""
         with self._lock:
-            return [replace(p, history=list(p.history)) for p in self._pods.values()]
+            return [replace(p) for p in self._pods.values()]
+
+    def history(self, name: str) -> list[tuple[float, str, str, str]]:
+        """``(now, old, new, reason)`` of the pod's transitions still in the log."""
+        with self._lock:
+            return self.log.of(name)
 
     def lease_of(self, job_id: str) -> tuple[str, ...] | None:
+        """The pods leased to ``job_id`` (``None`` if it holds none)."""
         with self._lock:
-            job = self._jobs.get(job_id)
-            return None if job is None else job.pods
-
-    def snapshot(self, now: float) -> PoolSnapshot:
-        with self._lock:
-            return build_snapshot(self._pods.values(), self._specs, now)
+            rec = self._jobs.get(job_id)
+            return None if rec is None else rec[1]
 
     def gpu_verified(self, gpu: str) -> bool:
         with self._lock:
             return self._exclusive.get(gpu, False)
+
+    def snapshot(self, now: float) -> PoolSnapshot:
+        """Group counts per pool for the scaler (O(pods), taken under the lock)."""
+        with self._lock:
+            return build_snapshot(self._pods.values(), self._specs, now)
