@@ -377,9 +377,10 @@ class Tracker(ClaimPolicy):
         """Rebuild everything from the backend's pods after a restart (paper A.1).
 
         Pod fields come from labels and annotations: state, GPU, role, owner, tag, queue,
-        release time and hold, and ``job_id`` for pods bound to a RUNNING job (recovery then
-        re-attaches, releases or unclaims those jobs; ``owner``/``queue``/``tag`` of a leased
-        pod name its job's caller, as ``launched`` records them). The ledger is rebuilt with
+        release time and hold, and ``job_id`` for RUNNING pods (recovery then re-attaches or
+        releases those jobs; ``owner``/``queue``/``tag`` of a running pod name its job's
+        caller, as ``launched`` records them). An ASSIGNED pod never ran user code (its job
+        never committed): it comes back IDLE as it was. The ledger is rebuilt with
         one reservation per group. Every GPU starts unverified: no standby promotion until
         ``mark_gpu_verified``. A retiring pod keeps its GPU's gate closed until it is gone.
         Returns deletes for pods this catalog cannot track.
@@ -398,11 +399,13 @@ class Tracker(ClaimPolicy):
                 if src.state is PodState.DELETED:
                     continue
                 pod = replace(src)
-                if pod.state is _ASSIGNED or pod.state is _RUNNING:
+                if pod.state is _ASSIGNED:  # claimed, never committed: no user code ran
+                    transition(pod, _IDLE, "restored_unlaunched", now, _T, self.log, pod.name)
+                    pod.job_id, pod.retire_after, pod.single_use = None, False, False
+                elif pod.state is _RUNNING:
                     if pod.job_id is None:
-                        transition(
-                            pod, _RETIRING, "restored_without_job", now, _T, self.log, pod.name
-                        )
+                        why = "restored_without_job"
+                        transition(pod, _RETIRING, why, now, _T, self.log, pod.name)
                     else:
                         jobs.setdefault(pod.job_id, []).append(pod)
                 else:

@@ -1,0 +1,187 @@
+"""Scaler passes over a real tracker (paper §7, App. A.5): creates, deletes, holds, budgets."""
+
+from __future__ import annotations
+
+from pool_manager.budgets import BudgetLedger
+from pool_manager.model import CreatePod, DeletePod, PodInfo
+from pool_manager.scaler import plan
+from pool_manager.states import PodState
+from pool_manager.tracker import Tracker
+from tests.pool_manager.builders import (
+    add_ready,
+    lease,
+    make_catalog,
+    make_request,
+    make_spec,
+    make_tracker,
+    run_job,
+    state_of,
+)
+
+
+def execute(t: Tracker, actions: list[CreatePod | DeletePod], now: float) -> list[str]:
+    """What the broker's shell does: record creates as STARTING, leave deletes in flight."""
+    names = []
+    for i, action in enumerate(actions):
+        if isinstance(action, CreatePod):
+            name = f"{action.sku}-{now}-{i}"
+            t.add_pod(PodInfo(name, action.sku, now, role=action.role, gpu=action.gpu), now)
+            names.append(name)
+    return names
+
+
+def creates(actions: list[CreatePod | DeletePod]) -> list[CreatePod]:
+    return [a for a in actions if isinstance(a, CreatePod)]
+
+
+def deletes(actions: list[CreatePod | DeletePod], reason: str) -> list[str]:
+    return [a.name for a in actions if isinstance(a, DeletePod) and a.reason == reason]
+
+
+def test_queued_demand_creates_pods_and_reserves_their_budget() -> None:
+    t = make_tracker(budgets={"cpu": 16})
+    queued = [make_request() for _ in range(3)]
+    actions = t.reconcile(queued, 0.0)
+    assert len(creates(actions)) == 3
+    assert t.ledger.used("cpu") == 3
+
+
+def test_creates_in_flight_are_never_repeated_by_a_second_pass() -> None:
+    t = make_tracker()
+    queued = [make_request() for _ in range(3)]
+    execute(t, t.reconcile(queued, 0.0), 0.0)
+    assert creates(t.reconcile(queued, 1.0)) == []
+
+
+def test_deletes_in_flight_are_never_repeated_by_a_second_pass() -> None:
+    t = make_tracker(make_spec(idle_timeout_s=10.0, max_idle_count=0))
+    add_ready(t, "a")
+    add_ready(t, "b")
+    first = t.reconcile([], 100.0)
+    assert sorted(deletes(first, "scale_down")) == ["a", "b"]
+    assert state_of(t, "a") is PodState.RETIRING
+    assert deletes(t.reconcile([], 101.0), "scale_down") == []
+
+
+def test_scale_down_never_goes_below_the_floor() -> None:
+    t = make_tracker(make_spec(min_count=2, idle_timeout_s=10.0, max_idle_count=0))
+    for name in "abc":
+        add_ready(t, name)
+    assert len(deletes(t.reconcile([], 100.0), "scale_down")) == 1
+    assert deletes(t.reconcile([], 200.0), "scale_down") == []
+
+
+def test_scale_down_only_removes_idle_pods_past_their_keep_alive() -> None:
+    t = make_tracker(make_spec(idle_timeout_s=50.0, max_idle_count=0))
+    add_ready(t, "old", now=0.0)
+    add_ready(t, "young", now=60.0)
+    assert deletes(t.reconcile([], 70.0), "scale_down") == ["old"]
+
+
+def test_a_pod_claimed_after_planning_is_not_deleted() -> None:
+    t = make_tracker(make_spec(idle_timeout_s=10.0, max_idle_count=0))
+    add_ready(t, "p")
+    actions = plan(t.snapshot(100.0), [], 100.0, t.ledger)
+    assert deletes(actions, "scale_down") == ["p"]
+    lease(t, make_request(), now=100.0)
+    assert not t.retire("p", "scale_down", 100.0)
+
+
+def test_starting_pods_are_supply() -> None:
+    t = make_tracker()
+    queued = [make_request()]
+    execute(t, t.reconcile(queued, 0.0), 0.0)
+    assert t.reconcile(queued, 5.0) == []
+
+
+def test_held_pods_are_not_supply_for_other_callers() -> None:
+    t = make_tracker()
+    add_ready(t, "p")
+    run_job(t, make_request("alice"))
+    actions = t.reconcile([make_request("bob")], 2.0)
+    assert len(creates(actions)) == 1
+
+
+def test_the_ceiling_caps_creation() -> None:
+    t = make_tracker(make_spec(max_count=2))
+    actions = t.reconcile([make_request() for _ in range(5)], 0.0)
+    assert len(creates(actions)) == 2
+
+
+def test_the_budget_is_shared_by_every_pool_of_an_accelerator() -> None:
+    small, big = make_spec("gpu1", accelerator="h200"), make_spec("gpu8", accelerator="h200",
+                                                                  units_per_pod=8)  # fmt: skip
+    ledger = BudgetLedger({"h200": 9})
+    t = Tracker(make_catalog(small, big), ledger)
+    queued = [make_request(sku="gpu8"), make_request(sku="gpu8"), make_request(sku="gpu1")]
+    actions = t.reconcile(queued, 0.0)
+    assert sorted(a.sku for a in creates(actions)) == ["gpu1", "gpu8"]
+    assert ledger.used("h200") == 9
+
+
+def test_a_failed_create_releases_its_budget() -> None:
+    t = make_tracker(budgets={"cpu": 1})
+    [name] = execute(t, t.reconcile([make_request()], 0.0), 0.0)
+    assert t.ledger.used("cpu") == 1
+    t.pod_gone(name, 1.0)
+    assert t.ledger.used("cpu") == 0
+
+
+def test_standbys_are_staged_on_every_active_gpu() -> None:
+    t = make_tracker(make_spec("gpu", standbys_per_active=2))
+    add_ready(t, "a", sku="gpu", gpu="G0")
+    actions = t.reconcile([], 0.0)
+    assert creates(actions) == [CreatePod("gpu", "standby", "G0")] * 2
+    execute(t, actions, 0.0)
+    assert creates(t.reconcile([], 1.0)) == []
+
+
+def test_idle_old_template_pods_retire() -> None:
+    t = make_tracker(make_spec(template="v2"))
+    add_ready(t, "old", template="v1")
+    assert deletes(t.reconcile([], 0.0), "stale_template") == ["old"]
+
+
+def held_pool() -> Tracker:
+    t = make_tracker(make_spec(max_count=2, caller_hold_s=1000.0))
+    add_ready(t, "a-pod", now=0.0)
+    run_job(t, make_request("alice"), now=100.0)
+    add_ready(t, "c-pod", now=0.0)
+    run_job(t, make_request("carol"), now=110.0)
+    return t
+
+
+def test_a_hold_is_broken_only_for_a_job_blocked_at_the_ceiling() -> None:
+    t = held_pool()
+    assert deletes(t.reconcile([], 200.0), "hold_broken") == []
+    assert deletes(t.reconcile([make_request("bob")], 200.0), "hold_broken") == ["a-pod"]
+
+
+def test_hold_breaking_takes_the_oldest_hold_first_and_retires_it() -> None:
+    t = held_pool()
+    actions = t.reconcile([make_request("bob")], 200.0)
+    assert deletes(actions, "hold_broken") == ["a-pod"]
+    assert state_of(t, "a-pod") is PodState.RETIRING
+    assert state_of(t, "c-pod") is PodState.IDLE
+
+
+def test_hold_breaking_spares_owners_with_queued_jobs() -> None:
+    t = held_pool()
+    queued = [make_request("bob"), make_request("alice", pods=3)]
+    actions = t.reconcile(queued, 200.0)
+    assert deletes(actions, "hold_broken") == ["c-pod"]
+
+
+def test_hold_breaking_respects_the_minimum_tenure() -> None:
+    t = make_tracker(make_spec(max_count=1, caller_hold_s=1000.0, hold_min_tenure_s=60.0))
+    add_ready(t, "p", now=0.0)
+    run_job(t, make_request("alice"), now=10.0)
+    assert deletes(t.reconcile([make_request("bob")], 30.0), "hold_broken") == []
+    assert deletes(t.reconcile([make_request("bob")], 60.0), "hold_broken") == ["p"]
+
+
+def test_a_broken_hold_is_never_handed_to_another_caller() -> None:
+    t = held_pool()
+    t.reconcile([make_request("bob")], 200.0)
+    leases, demand = t.claim_all([make_request("bob")], 201.0)
+    assert leases == [] and len(demand) == 1
