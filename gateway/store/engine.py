@@ -10,7 +10,8 @@ read-then-write inside a batch cannot be overtaken by another process. In-memory
 refused: each connection would see a different one.
 
 MySQL/MariaDB (PyMySQL): default durability (``innodb_flush_log_at_trx_commit`` as the server
-says), pre-ping and recycle on the read pool; the writer reconnects after a disconnect.
+says), pre-ping and recycle on the read pool; the writer reconnects after a disconnect, and its
+connection (only it) allows multi-statement queries for bulk compare-and-sets.
 """
 
 from __future__ import annotations
@@ -73,7 +74,15 @@ def _sqlite_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
 
 
 def _mysql_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
+    from pymysql.constants import CLIENT
+
     write = create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+
+    @event.listens_for(write, "do_connect")
+    def _multi_statements(_dialect: Any, _rec: Any, _args: Any, params: dict[str, Any]) -> None:
+        # the writer sends a batch's compare-and-sets in one round trip (statements.py)
+        params["client_flag"] = params.get("client_flag", 0) | CLIENT.MULTI_STATEMENTS
+
     read = create_engine(
         url,
         pool_size=settings.read_pool_size,

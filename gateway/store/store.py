@@ -28,11 +28,13 @@ from functions.errors import Conflict, FirepoolError
 from functions.spec import FunctionSpec
 from gateway.jobs import Job
 from gateway.store import writes
+from gateway.store.batching import JobBatchExecutor
 from gateway.store.codec import function_from_row, function_row, job_from_row, job_mutable_values
 from gateway.store.codec import job_row as encode_job
 from gateway.store.engine import make_engines
 from gateway.store.schema import ensure_schema
 from gateway.store.settings import StoreSettings
+from gateway.store.statements import JobStatements
 from gateway.store.tables import functions, jobs, packages
 from gateway.store.writer import GroupCommitWriter, WriterStats
 from pool_manager.states import IllegalTransition, JobState
@@ -57,10 +59,13 @@ class JobStore:
         self._write_engine = write_engine
         self._read = read_engine
         self._clock = clock
-        self._stmts = writes.JobStatements(write_engine.dialect)
+        self._stmts = JobStatements(write_engine.dialect)
         self._integrity_error: type[Exception] = write_engine.dialect.loaded_dbapi.IntegrityError
         self._writer = GroupCommitWriter(
-            write_engine, clean_failures=CLEAN_FAILURES, max_batch=settings.max_batch
+            write_engine,
+            clean_failures=CLEAN_FAILURES,
+            executor=JobBatchExecutor(self._stmts, CLEAN_FAILURES),
+            max_batch=settings.max_batch,
         )
         self._writer.start()
 
@@ -85,12 +90,7 @@ class JobStore:
         """
         if job.state not in SUBMITTABLE:
             raise IllegalTransition(f"a job is submitted QUEUED or PENDING, not {job.state}")
-        op = functools.partial(
-            writes.submit_job,
-            stmts=self._stmts,
-            row=encode_job(job),
-            key_retention_s=self.settings.idempotency_retention_s,
-        )
+        op = writes.SubmitJob(self._stmts, encode_job(job), self.settings.idempotency_retention_s)
         try:
             found = await self._writer.run(op)
         except self._integrity_error as exc:
@@ -107,13 +107,7 @@ class JobStore:
         to ``job.state``; then sets ``job.revision = expected_revision + 1``. Otherwise raises
         ``StaleRevision``, ``IllegalTransition`` or ``NotFound`` and writes nothing.
         """
-        op = functools.partial(
-            writes.update_job,
-            stmts=self._stmts,
-            job_id=job.id,
-            expected_revision=expected_revision,
-            values=job_mutable_values(job),
-        )
+        op = writes.UpdateJob(self._stmts, job.id, expected_revision, job_mutable_values(job))
         await self._writer.run(op)
         job.revision = expected_revision + 1
 

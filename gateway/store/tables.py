@@ -33,7 +33,7 @@ class JobRow(Base):
     __table_args__ = (
         Index("ix_jobs_state_submitted", "state", "submitted"),
         Index("ix_jobs_caller_submitted", "caller", "submitted"),
-        Index("ix_jobs_function_submitted", "function", "submitted"),
+        Index("ix_jobs_submitted", "submitted"),
         Index("ix_jobs_expiry", "output_expired", "finished"),
         Index("uq_jobs_caller_idempotency", "caller", "idempotency_key", unique=True),
         {"mysql_charset": "utf8mb4"},

@@ -3,9 +3,10 @@
 Concurrency rule: callers on the event loop enqueue a write (a plain function of a
 ``WriteContext``) and await a future; only the writer thread touches its connection. The thread
 blocks for the first pending write, then takes every write that arrived while the previous
-commit was in flight (up to ``max_batch``), runs them in order in ONE transaction, commits once
-and resolves the waiters with one ``call_soon_threadsafe`` per event loop. One fsync therefore
-covers a whole batch, which is what lets dispatch outrun the disk.
+commit was in flight (up to ``max_batch``), runs them in ONE transaction (in order, or through a
+``BatchExecutor`` that merges writes which commute), commits once and resolves the waiters with
+one ``call_soon_threadsafe`` per event loop. One fsync therefore covers a whole batch, which is
+what lets dispatch outrun the disk.
 
 Failure isolation:
 - A write may fail *cleanly*: it raises one of ``clean_failures`` (``StaleRevision``,
@@ -20,14 +21,16 @@ A waiter that is cancelled does not cancel its write: once enqueued, a write is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,29 @@ class WriteContext:
 
 
 WriteOp = Callable[[WriteContext], T]
+
+#: ``(True, result)`` or ``(False, clean failure)`` for one write.
+Outcome = tuple[bool, Any]
+
+#: Runs a batch's writes inside its transaction and returns one outcome per write, in order.
+#: It may reorder or merge writes that commute (see ``batching.py``); it returns clean failures
+#: as outcomes and raises anything else (the writer then rolls back and replays entry by entry).
+BatchExecutor = Callable[[WriteContext, Sequence[WriteOp[Any]]], list[Outcome]]
+
+
+def run_sequentially(
+    ctx: WriteContext,
+    ops: Sequence[WriteOp[Any]],
+    clean_failures: tuple[type[BaseException], ...],
+) -> list[Outcome]:
+    """The plain executor: each write in order, clean failures caught per write."""
+    out: list[Outcome] = []
+    for op in ops:
+        try:
+            out.append((True, op(ctx)))
+        except clean_failures as exc:
+            out.append((False, exc))
+    return out
 
 
 @dataclass(slots=True)
@@ -68,7 +94,22 @@ class WriterStats:
 
 
 _STOP = object()
-_Outcome = tuple[bool, Any]
+
+
+def _lost_connection(conn: Connection, exc: Exception) -> bool:
+    """Whether ``exc`` means the connection is gone; if so ``conn`` is invalidated, and its
+    next use reconnects. Errors from the raw DBAPI cursor are checked here, since SQLAlchemy
+    only sees the ones raised through its own ``execute``."""
+    if conn.invalidated:
+        return True
+    dbapi_exc = exc.orig if isinstance(exc, DBAPIError) else exc
+    dialect = conn.dialect
+    if isinstance(dbapi_exc, dialect.loaded_dbapi.Error) and dialect.is_disconnect(
+        dbapi_exc, None, None
+    ):
+        conn.invalidate(dbapi_exc)
+        return True
+    return False
 
 
 def _resolve(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
@@ -89,11 +130,14 @@ class GroupCommitWriter:
         engine: Engine,
         *,
         clean_failures: tuple[type[BaseException], ...],
+        executor: BatchExecutor | None = None,
         max_batch: int = 2048,
         name: str = "firepool-store-writer",
     ) -> None:
         self._engine = engine
-        self._clean = clean_failures
+        self._execute: BatchExecutor = executor or functools.partial(
+            run_sequentially, clean_failures=clean_failures
+        )
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -160,13 +204,26 @@ class GroupCommitWriter:
                     except queue.Empty:
                         break
                 if batch:
-                    self._deliver(batch, self._run_batch(conn, batch))
+                    try:
+                        outcomes = self._run_batch(conn, batch)
+                    except Exception as exc:  # a bug, not a database error: keep serving
+                        log.exception("job store writer failed a batch of %d", len(batch))
+                        outcomes = [(False, exc)] * len(batch)
+                    self._deliver(batch, outcomes)
         finally:
             conn.close()
 
-    def _run_batch(self, conn: Connection, batch: list[_Entry[Any]]) -> list[_Outcome]:
+    def _run_batch(self, conn: Connection, batch: list[_Entry[Any]]) -> list[Outcome]:
         try:
-            outcomes = self._transaction(conn, batch)
+            try:
+                outcomes = self._transaction(conn, batch)
+            except Exception as exc:
+                if not _lost_connection(conn, exc):
+                    raise
+                # nothing of the batch committed (unless the COMMIT itself was lost, when the
+                # replay answers StaleRevision/Conflict): once more on a fresh connection
+                log.warning("job store connection lost (%r); reconnecting", exc)
+                outcomes = self._transaction(conn, batch)
         except Exception as exc:
             if len(batch) == 1:
                 return [(False, exc)]
@@ -178,7 +235,7 @@ class GroupCommitWriter:
         self._max_seen = max(self._max_seen, len(batch))
         return outcomes
 
-    def _run_alone(self, conn: Connection, entry: _Entry[Any]) -> _Outcome:
+    def _run_alone(self, conn: Connection, entry: _Entry[Any]) -> Outcome:
         try:
             [outcome] = self._transaction(conn, [entry])
         except Exception as exc:
@@ -187,24 +244,17 @@ class GroupCommitWriter:
         self._writes += 1
         return outcome
 
-    def _transaction(self, conn: Connection, entries: list[_Entry[Any]]) -> list[_Outcome]:
+    def _transaction(self, conn: Connection, entries: list[_Entry[Any]]) -> list[Outcome]:
         """Run ``entries`` in one transaction and commit; raise (rolled back) on any error
         that is not a clean failure."""
         with conn.begin():
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             try:
-                ctx = WriteContext(conn, cursor)
-                return [self._apply(entry.op, ctx) for entry in entries]
+                return self._execute(WriteContext(conn, cursor), [e.op for e in entries])
             finally:
                 cursor.close()
 
-    def _apply(self, op: WriteOp[Any], ctx: WriteContext) -> _Outcome:
-        try:
-            return (True, op(ctx))
-        except self._clean as exc:
-            return (False, exc)
-
-    def _deliver(self, batch: list[_Entry[Any]], outcomes: list[_Outcome]) -> None:
+    def _deliver(self, batch: list[_Entry[Any]], outcomes: list[Outcome]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
         for entry, (ok, value) in zip(batch, outcomes, strict=True):
             by_loop.setdefault(entry.loop, []).append((entry.future, ok, value))

@@ -1,152 +1,110 @@
-"""The write operations the group-commit writer runs, and their precompiled statements.
+"""The write operations the group-commit writer runs.
 
-Every function here runs on the writer thread inside a batch transaction (see ``writer.py``)
-and follows its contract: it either completes, or raises a *clean* failure (``StaleRevision``,
+Every write here runs on the writer thread inside a batch transaction (see ``writer.py``) and
+follows its contract: it either completes, or raises a *clean* failure (``StaleRevision``,
 ``IllegalTransition``, ``NotFound``, ``IdempotencyMismatch``) before changing anything, or
 raises anything else and lets the batch roll back and replay entry by entry.
 
-The hot path (insert a job, compare-and-set a job) uses Core statements compiled once for the
-dialect and executed on the DBAPI cursor, skipping SQLAlchemy's per-execution overhead (about
-3x cheaper); everything else uses ordinary Core execution.
+``SubmitJob`` and ``UpdateJob`` are data as well as callables, so ``batching.py`` can merge
+runs of them into bulk statements; the rest are plain functions bound with ``partial``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import (
-    Dialect,
-    Update,
-    bindparam,
-    false,
-    func,
-    insert,
-    literal_column,
-    select,
-    update,
-)
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy import false, func, insert, select, update
 
 from functions.errors import IdempotencyMismatch, NotFound
-from gateway.store.codec import MUTABLE_JOB_COLUMNS
 from gateway.store.errors import StaleRevision
+from gateway.store.statements import JobStatements, cas_params
 from gateway.store.tables import functions, jobs, packages
 from gateway.store.writer import WriteContext
-from pool_manager.states import JOB_TRANSITIONS, TERMINAL_JOB_STATES, IllegalTransition, JobState
+from pool_manager.states import TERMINAL_JOB_STATES, IllegalTransition, JobState
 
 
-def allowed_sources(target: JobState) -> frozenset[JobState]:
-    """States a job may be in for an update to leave it in ``target``: every state with an edge
-    to ``target`` in ``JOB_TRANSITIONS``, plus ``target`` itself when it is not terminal (a
-    field update without a transition, e.g. recording ``first_instruction``)."""
-    sources = {s for s, targets in JOB_TRANSITIONS.items() if target in targets}
-    if target not in TERMINAL_JOB_STATES:
-        sources.add(target)
-    return frozenset(sources)
-
-
-class Prepared:
-    """A Core statement compiled once for a dialect, run directly on a DBAPI cursor."""
-
-    def __init__(self, stmt: ClauseElement, dialect: Dialect) -> None:
-        compiled = cast(SQLCompiler, stmt.compile(dialect=dialect))
-        self.sql = str(compiled)
-        self._keys = tuple(compiled.positiontup or ()) if compiled.positional else None
-
-    def execute(self, cursor: Any, values: Mapping[str, Any]) -> int:
-        """Execute with ``values`` (by bind name); return the affected row count."""
-        if self._keys is None:
-            cursor.execute(self.sql, values)
-        else:
-            cursor.execute(self.sql, [values[k] for k in self._keys])
-        return int(cursor.rowcount)
-
-
-class JobStatements:
-    """The precompiled hot-path statements for one dialect."""
-
-    def __init__(self, dialect: Dialect) -> None:
-        self.insert_job = Prepared(insert(jobs), dialect)
-        self.cas = {state: Prepared(_cas_update(state), dialect) for state in JobState}
-
-
-def _cas_update(target: JobState) -> Update:
-    sources = sorted(s.value for s in allowed_sources(target))
-    values: dict[str, Any] = {c: bindparam(f"v_{c}") for c in MUTABLE_JOB_COLUMNS}
-    values["revision"] = jobs.c.revision + literal_column("1")
-    return (
-        update(jobs)
-        .where(
-            jobs.c.id == bindparam("w_id"),
-            jobs.c.revision == bindparam("w_revision"),
-            # enum constants, not user input: safe to render literally
-            jobs.c.state.in_([literal_column(f"'{s}'") for s in sources]),
-        )
-        .values(values)
-    )
-
-
-def submit_job(
-    ctx: WriteContext, stmts: JobStatements, row: dict[str, Any], key_retention_s: float | None
-) -> dict[str, Any] | None:
-    """Insert a job row; return None, or the stored row when its idempotency key matched.
-
-    A key older than ``key_retention_s`` (measured against the new job's ``submitted``) no
-    longer deduplicates: it is released from the old job and the new job takes it.
+@dataclass(frozen=True, slots=True)
+class SubmitJob:
+    """Insert a job row; the result is None, or the stored row when its idempotency key
+    matched (same ``request_hash``). A key older than ``key_retention_s`` (measured against the
+    new job's ``submitted``) no longer deduplicates: the old job gives it up, the new one takes it.
     """
-    key = row["idempotency_key"]
-    if key is not None:
-        found = (
-            ctx.conn.execute(
-                select(jobs).where(jobs.c.caller == row["caller"], jobs.c.idempotency_key == key)
-            )
-            .mappings()
-            .first()
-        )
-        if found is not None:
-            expired = (
-                key_retention_s is not None
-                and found["submitted"] < row["submitted"] - key_retention_s
-            )
-            if not expired:
-                if found["request_hash"] != row["request_hash"]:
-                    raise IdempotencyMismatch(
-                        "this Idempotency-Key was used with a different request",
-                        field="Idempotency-Key",
+
+    stmts: JobStatements
+    row: dict[str, Any]
+    key_retention_s: float | None
+
+    @property
+    def job_id(self) -> str:
+        return str(self.row["id"])
+
+    @property
+    def plain(self) -> bool:
+        """No idempotency key: a bare insert that can join a bulk insert."""
+        return self.row["idempotency_key"] is None
+
+    def __call__(self, ctx: WriteContext) -> dict[str, Any] | None:
+        row = self.row
+        key = row["idempotency_key"]
+        if key is not None:
+            found = (
+                ctx.conn.execute(
+                    select(jobs).where(
+                        jobs.c.caller == row["caller"], jobs.c.idempotency_key == key
                     )
-                return dict(found)
-            ctx.conn.execute(
-                update(jobs).where(jobs.c.id == found["id"]).values(idempotency_key=None)
+                )
+                .mappings()
+                .first()
             )
-    stmts.insert_job.execute(ctx.cursor, row)
-    return None
+            if found is not None:
+                retention = self.key_retention_s
+                if retention is None or found["submitted"] >= row["submitted"] - retention:
+                    if found["request_hash"] != row["request_hash"]:
+                        raise IdempotencyMismatch(
+                            "this Idempotency-Key was used with a different request",
+                            field="Idempotency-Key",
+                        )
+                    return dict(found)
+                # past retention; no revision bump: the key is not a field ``update`` writes
+                ctx.conn.execute(
+                    update(jobs).where(jobs.c.id == found["id"]).values(idempotency_key=None)
+                )
+        self.stmts.insert_job.execute(ctx.cursor, row)
+        return None
 
 
-def update_job(
-    ctx: WriteContext,
-    stmts: JobStatements,
-    job_id: str,
-    expected_revision: int,
-    values: dict[str, Any],
-) -> None:
+@dataclass(frozen=True, slots=True)
+class UpdateJob:
     """Compare-and-set: write ``values`` iff the row is at ``expected_revision`` and in a state
     from which ``values["state"]`` is allowed; bump the revision by one."""
-    params = {f"v_{c}": values[c] for c in MUTABLE_JOB_COLUMNS}
-    params["w_id"] = job_id
-    params["w_revision"] = expected_revision
-    target = JobState(values["state"])
-    if stmts.cas[target].execute(ctx.cursor, params) == 1:
-        return
-    found = ctx.conn.execute(
-        select(jobs.c.state, jobs.c.revision).where(jobs.c.id == job_id)
-    ).first()
-    if found is None:
-        raise NotFound(f"job {job_id} does not exist")
-    if found.revision != expected_revision:
-        raise StaleRevision(job_id, expected_revision, found.revision)
-    raise IllegalTransition(f"job {job_id}: {found.state} -> {target} is not allowed")
+
+    stmts: JobStatements
+    job_id: str
+    expected_revision: int
+    values: dict[str, Any]
+
+    @property
+    def target(self) -> JobState:
+        return JobState(self.values["state"])
+
+    def params(self) -> dict[str, Any]:
+        return cas_params(self.job_id, self.expected_revision, self.values)
+
+    def __call__(self, ctx: WriteContext) -> None:
+        if self.stmts.cas[self.target].execute(ctx.cursor, self.params()) != 1:
+            self.explain_miss(ctx)
+
+    def explain_miss(self, ctx: WriteContext) -> None:
+        """The compare-and-set matched no row: raise the clean failure that says why."""
+        found = ctx.conn.execute(
+            select(jobs.c.state, jobs.c.revision).where(jobs.c.id == self.job_id)
+        ).first()
+        if found is None:
+            raise NotFound(f"job {self.job_id} does not exist")
+        if found.revision != self.expected_revision:
+            raise StaleRevision(self.job_id, self.expected_revision, found.revision)
+        raise IllegalTransition(f"job {self.job_id}: {found.state} -> {self.target} is not allowed")
 
 
 def put_function(ctx: WriteContext, row: dict[str, Any]) -> int:

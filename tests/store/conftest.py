@@ -2,12 +2,14 @@
 
 MySQL tests read ``FIREPOOL_TEST_MYSQL_URL`` (a server URL; its database part is ignored) and
 skip with a visible reason without it. With ``FIREPOOL_REQUIRE_MYSQL=1`` an unreachable server
-FAILS them. Each MySQL test creates and drops its own database ``firepool_t_<random>``, so
+FAILS them. Each run creates and drops its own databases ``firepool_t_<random>`` (one at head
+shared by the contract tests and emptied before each; a fresh one per schema test), so
 concurrent runs never collide.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -21,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from functions.spec import FunctionSpec
 from gateway.jobs import Job
-from gateway.store import JobStore, open_store
+from gateway.store import JobStore, migrate, open_store
 
 MYSQL_ENV = "FIREPOOL_TEST_MYSQL_URL"
 REQUIRE_ENV = "FIREPOOL_REQUIRE_MYSQL"
@@ -47,24 +49,59 @@ def mysql_server_url() -> str:
     return url
 
 
-@pytest.fixture
-def mysql_url(mysql_server_url: str) -> Iterator[str]:
-    """A fresh, empty database on the test server, dropped afterwards."""
+@contextlib.contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A new empty database ``firepool_t_<random>`` on the server, dropped afterwards."""
     name = f"firepool_t_{secrets.token_hex(6)}"
-    engine = create_engine(mysql_server_url, poolclass=NullPool)
+    engine = create_engine(server_url, poolclass=NullPool)
     with engine.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
     try:
-        yield make_url(mysql_server_url).set(database=name).render_as_string(hide_password=False)
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with engine.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
         engine.dispose()
 
 
+@pytest.fixture
+def mysql_url(mysql_server_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    with scratch_database(mysql_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def mysql_session_url(mysql_server_url: str) -> Iterator[str]:
+    """One database at the newest schema for this test run (creating one per test is slow)."""
+    with scratch_database(mysql_server_url) as url:
+        migrate(url)
+        yield url
+
+
+def _emptied(url: str) -> str:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for table in ("jobs", "functions", "packages"):
+                conn.exec_driver_sql(f"DELETE FROM {table}")
+    finally:
+        engine.dispose()
+    return url
+
+
 @pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    """The URL of an empty database, once per backend."""
+    """The URL of a database at the newest schema with no rows (SQLite: a new file, created
+    on open), once per backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/jobs.db"
+    return _emptied(str(request.getfixturevalue("mysql_session_url")))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """The URL of an empty database (no tables at all), once per backend."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/jobs.db"
     return str(request.getfixturevalue("mysql_url"))

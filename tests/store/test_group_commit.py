@@ -119,3 +119,51 @@ async def test_writes_after_close_are_refused(store_url: str) -> None:
     assert (await pending)[1]  # enqueued before close: applied
     with pytest.raises(RuntimeError, match="closed"):
         await store.submit(make_job())
+
+
+async def test_writes_to_one_job_in_one_batch_apply_in_order(store: JobStore) -> None:
+    job = make_job()
+    running = dataclasses.replace(job, state=JobState.RUNNING)
+    done = dataclasses.replace(job, state=JobState.SUCCEEDED, output=[1], finished=5.0)
+    others = [make_job() for _ in range(3)]
+    results = await held_batch(
+        store,
+        [
+            store.submit(job),
+            store.submit(others[0]),
+            store.update(running, 0),
+            store.submit(others[1]),
+            store.update(done, 1),
+            store.submit(others[2]),
+        ],
+    )
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert await store.get_job(job.id) == done
+    assert done.revision == 2
+
+
+async def test_a_mixed_batch_commits_every_kind_of_write(store: JobStore) -> None:
+    from tests.store.conftest import make_spec
+
+    keyed = make_job(idempotency_key="k", request_hash="h")
+    plain = [make_job() for _ in range(3)]
+    for job in plain[:2]:
+        await store.submit(job)
+    moved = [dataclasses.replace(j, state=JobState.RUNNING) for j in plain[:2]]
+    results = await held_batch(
+        store,
+        [
+            store.update(moved[0], 0),
+            store.put_function(make_spec(name="mixed")),
+            store.submit(keyed),
+            store.submit(plain[2]),
+            store.put_package("d" * 64, 10),
+            store.update(moved[1], 0),
+        ],
+    )
+    assert not [r for r in results if isinstance(r, BaseException)]
+    for job in [*moved, keyed, plain[2]]:
+        assert await store.get_job(job.id) == job
+    spec = await store.get_function("mixed")
+    assert spec is not None and spec.version == 1
+    assert await store.has_package("d" * 64)

@@ -34,14 +34,14 @@ def run_sql(url: str, *statements: str) -> None:
         write.dispose()
 
 
-async def test_an_empty_database_is_created_at_head(store_url: str) -> None:
-    store = await open_store(store_url)
+async def test_an_empty_database_is_created_at_head(empty_url: str) -> None:
+    store = await open_store(empty_url)
     await store.close()
-    assert revision_of(store_url) == head_revision()
+    assert revision_of(empty_url) == head_revision()
 
 
-async def test_an_older_schema_needs_migrate_and_keeps_its_jobs(store_url: str) -> None:
-    write, read = make_engines(store_url, StoreSettings())
+async def test_an_older_schema_needs_migrate_and_keeps_its_jobs(empty_url: str) -> None:
+    write, read = make_engines(empty_url, StoreSettings())
     job = make_job()
     try:
         upgrade_to(read, "0001")
@@ -53,38 +53,55 @@ async def test_an_older_schema_needs_migrate_and_keeps_its_jobs(store_url: str) 
         read.dispose()
         write.dispose()
     with pytest.raises(SchemaError, match="firepool migrate"):
-        await open_store(store_url)
-    store = await open_store(store_url, migrate=True)
+        await open_store(empty_url)
+    store = await open_store(empty_url, migrate=True)
     try:
         assert await store.get_job(job.id) == job
     finally:
         await store.close()
-    assert revision_of(store_url) == head_revision()
+    assert revision_of(empty_url) == head_revision()
 
 
-async def test_a_newer_schema_is_always_refused(store_url: str) -> None:
-    migrate(store_url)
-    run_sql(store_url, "UPDATE alembic_version SET version_num = '9999'")
+async def test_a_newer_schema_is_always_refused(empty_url: str) -> None:
+    migrate(empty_url)
+    run_sql(empty_url, "UPDATE alembic_version SET version_num = '9999'")
     with pytest.raises(SchemaError, match="newer"):
-        await open_store(store_url)
+        await open_store(empty_url)
     with pytest.raises(SchemaError, match="newer"):
-        await open_store(store_url, migrate=True)
+        await open_store(empty_url, migrate=True)
 
 
-async def test_a_database_with_foreign_tables_is_refused(store_url: str) -> None:
-    run_sql(store_url, "CREATE TABLE someone_elses (id INTEGER PRIMARY KEY)")
+async def test_a_database_with_foreign_tables_is_refused(empty_url: str) -> None:
+    run_sql(empty_url, "CREATE TABLE someone_elses (id INTEGER PRIMARY KEY)")
     with pytest.raises(SchemaError, match="no Firepool schema version"):
-        await open_store(store_url, migrate=True)
+        await open_store(empty_url, migrate=True)
 
 
-async def test_migrate_creates_then_is_a_no_op(store_url: str) -> None:
-    migrate(store_url)
-    migrate(store_url)
-    assert revision_of(store_url) == head_revision()
-    store = await open_store(store_url)
+async def test_migrate_creates_then_is_a_no_op(empty_url: str) -> None:
+    migrate(empty_url)
+    migrate(empty_url)
+    assert revision_of(empty_url) == head_revision()
+    store = await open_store(empty_url)
     await store.close()
 
 
 def test_an_in_memory_sqlite_database_is_refused() -> None:
     with pytest.raises(ValueError, match="in-memory"):
         make_engines("sqlite://", StoreSettings())
+
+
+async def test_the_models_match_the_migrated_schema(empty_url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from gateway.store.tables import Base
+
+    migrate(empty_url)
+    write, read = make_engines(empty_url, StoreSettings())
+    try:
+        with read.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    finally:
+        read.dispose()
+        write.dispose()
+    assert diff == []

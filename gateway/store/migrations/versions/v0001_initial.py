@@ -51,7 +51,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_jobs_state_submitted", "jobs", ["state", "submitted"])
     op.create_index("ix_jobs_caller_submitted", "jobs", ["caller", "submitted"])
-    op.create_index("ix_jobs_function_submitted", "jobs", ["function", "submitted"])
+    op.create_index("ix_jobs_submitted", "jobs", ["submitted"])
     op.create_index(
         "uq_jobs_caller_idempotency", "jobs", ["caller", "idempotency_key"], unique=True
     )
