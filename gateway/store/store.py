@@ -1,8 +1,9 @@
 """``JobStore``: the durable record of jobs, function versions and packages.
 
 Concurrency rule: every write goes through the one ``GroupCommitWriter`` (one thread, one
-connection, group commit), in the order callers enqueued them; a write's ``await`` returns
-after its batch committed, so a later read (any connection) sees it. Reads run in worker
+connection, group commit); writes to the same job apply in the order they were enqueued (others
+may be merged, since they commute); a write's ``await`` returns after its batch committed, so a
+later read (any connection) sees it. Reads run in worker
 threads over a separate connection pool and never wait for the writer (SQLite WAL; InnoDB MVCC).
 A ``Job`` is serialized on the event loop when its write is enqueued; the writer thread never
 sees the live object.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy import exc as sa_exc
 
 from functions.errors import Conflict, FirepoolError
 from functions.spec import FunctionSpec
@@ -93,7 +95,7 @@ class JobStore:
         op = writes.SubmitJob(self._stmts, encode_job(job), self.settings.idempotency_retention_s)
         try:
             found = await self._writer.run(op)
-        except self._integrity_error as exc:
+        except (self._integrity_error, sa_exc.IntegrityError) as exc:
             raise Conflict(f"job {job.id} already exists") from exc
         if found is None:
             return job, True
@@ -210,21 +212,29 @@ class JobStore:
 
 
 async def open_store(
-    url: str, *, migrate: bool = False, settings: StoreSettings | None = None
+    url: str,
+    *,
+    migrate: bool = False,
+    settings: StoreSettings | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> JobStore:
     """Open the store at ``url`` (``sqlite:///path.db`` or ``mysql+pymysql://...``).
 
     An empty database is created at the newest schema; an older schema raises ``SchemaError``
     (run ``firepool migrate``) unless ``migrate=True``; a newer one always raises it.
+    ``clock`` stamps function and package registrations (job times come from the job).
     """
-    return await asyncio.to_thread(_open_blocking, url, migrate, settings or StoreSettings())
+    settings = settings or StoreSettings()
+    return await asyncio.to_thread(_open_blocking, url, migrate, settings, clock)
 
 
-def _open_blocking(url: str, migrate: bool, settings: StoreSettings) -> JobStore:
+def _open_blocking(
+    url: str, migrate: bool, settings: StoreSettings, clock: Callable[[], float]
+) -> JobStore:
     write, read = make_engines(url, settings)
     try:
         ensure_schema(read, migrate=migrate)
-        return JobStore(write, read, settings)
+        return JobStore(write, read, settings, clock)
     except BaseException:
         read.dispose()
         write.dispose()

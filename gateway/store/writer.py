@@ -210,8 +210,23 @@ class GroupCommitWriter:
                         log.exception("job store writer failed a batch of %d", len(batch))
                         outcomes = [(False, exc)] * len(batch)
                     self._deliver(batch, outcomes)
+            self._refuse_stragglers()
         finally:
             conn.close()
+
+    def _refuse_stragglers(self) -> None:
+        """Fail writes enqueued after the stop marker (another thread raced ``close``)."""
+        late: list[_Entry[Any]] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                late.append(item)
+        if late:
+            closed = RuntimeError("the job store is closed")
+            self._deliver(late, [(False, closed)] * len(late))
 
     def _run_batch(self, conn: Connection, batch: list[_Entry[Any]]) -> list[Outcome]:
         try:

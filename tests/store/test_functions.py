@@ -66,3 +66,13 @@ async def test_packages_are_recorded_once(store: JobStore) -> None:
     await store.put_package(digest, 3 * 2**30)
     await store.put_package(digest, 3 * 2**30)
     assert await store.has_package(digest)
+
+
+async def test_registration_times_come_from_the_injected_clock(store_url: str) -> None:
+    from gateway.store import open_store
+
+    store = await open_store(store_url, clock=lambda: 1234.5)
+    try:
+        assert (await store.put_function(make_spec())).created == 1234.5
+    finally:
+        await store.close()
