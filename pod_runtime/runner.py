@@ -174,6 +174,8 @@ class Runner:
         except TimeoutError:
             await self.kill(attempt, ErrorClass.TIMEOUT)
             return await exited
+        finally:
+            self.reaper.forget(pid)
 
     async def kill(self, attempt: Attempt, cause: ErrorClass) -> None:
         """Timeout or cancel: record the cause, then kill the job's whole tree."""

@@ -29,11 +29,19 @@ ZYGOTE_START_TIMEOUT_S = 120.0
 
 
 class Reaper:
-    """Reaps every child of the agent; ``wait(pid)`` returns that pid's exit code."""
+    """Reaps every child of the agent; ``wait(pid)`` returns that pid's exit code.
+
+    An exit may be reported before anyone waits for it (a no-op job forked from the zygote
+    exits in microseconds), so a resolved future stays in ``_futures`` until ``wait`` takes
+    it; exits nobody registered for are kept in a bounded ``_early`` map for the same reason.
+    """
+
+    EARLY_LIMIT = 4096
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._futures: dict[int, asyncio.Future[int]] = {}
+        self._early: dict[int, int] = {}
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
 
     def expect(self, pid: int) -> asyncio.Future[int]:
@@ -41,12 +49,20 @@ class Reaper:
         future = self._futures.get(pid)
         if future is None:
             future = self._futures[pid] = self._loop.create_future()
+            code = self._early.pop(pid, None)
+            if code is not None:
+                future.set_result(code)
         return future
 
     def resolve(self, pid: int, status: int) -> None:
-        future = self._futures.pop(pid, None)
-        if future is not None and not future.done():
-            future.set_result(os.waitstatus_to_exitcode(status))
+        code = os.waitstatus_to_exitcode(status)
+        future = self._futures.get(pid)
+        if future is None:
+            if len(self._early) >= self.EARLY_LIMIT:
+                self._early.pop(next(iter(self._early)))
+            self._early[pid] = code
+        elif not future.done():
+            future.set_result(code)
 
     def reap(self) -> None:
         while True:
@@ -59,7 +75,17 @@ class Reaper:
             self.resolve(pid, status)
 
     async def wait(self, pid: int) -> int:
-        return await asyncio.shield(self.expect(pid))
+        future = self.expect(pid)
+        try:
+            return await asyncio.shield(future)
+        finally:
+            self.forget(pid)
+
+    def forget(self, pid: int) -> None:
+        """Drop ``pid``'s resolved future once its exit code has been consumed."""
+        future = self._futures.get(pid)
+        if future is not None and future.done():
+            del self._futures[pid]
 
     def close(self) -> None:
         self._loop.remove_signal_handler(signal.SIGCHLD)
