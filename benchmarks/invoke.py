@@ -40,7 +40,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def _calls(
-    url: str, token: str, name: str, n: int, tag: str | None, progress: bool
+    url: str,
+    token: str,
+    name: str,
+    n: int,
+    tag: str | None,
+    progress: bool,
+    phases: dict[str, list[float]] | None = None,
 ) -> tuple[list[float], dict[str, int]]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     latencies: list[float] = []
@@ -60,6 +66,18 @@ async def _calls(
                 raise RuntimeError(f"call {i} failed: {resp.status} {job}")
             path = (job.get("acquisition") or {}).get("path", "?")
             paths[path] = paths.get(path, 0) + 1
+            if phases is not None:
+                t = job["timings"]
+                att = job["attempts"][-1]
+                for key, a, b in (
+                    ("submit_to_start", t["submitted"], t["started"]),
+                    ("start_to_first_instruction", t["started"], t["first_instruction"]),
+                    ("first_instruction_to_exit", t["first_instruction"], att["finished"]),
+                ):
+                    phases.setdefault(key, []).append((b - a) * 1000)
+                # the rest: HTTP in and out, reset, the completion commit
+                inside = (att["finished"] - t["submitted"]) * 1000
+                phases.setdefault("http_reset_and_commit", []).append(latencies[-1] - inside)
     return latencies, paths
 
 
@@ -75,11 +93,13 @@ def run(calls: int, warmup: int, new_pod_calls: int, progress: bool) -> dict[str
                 )
             token = server.token("bench")
             asyncio.run(_calls(server.url, token, "noop", warmup, "bench", False))
+            phases: dict[str, list[float]] = {}
             warm, warm_paths = asyncio.run(
-                _calls(server.url, token, "noop", calls, "bench", progress)
+                _calls(server.url, token, "noop", calls, "bench", progress, phases)
             )
+            fresh_token = server.token("bench-fresh")
             fresh, fresh_paths = asyncio.run(
-                _calls(server.url, token, "noop-fresh", new_pod_calls, None, progress)
+                _calls(server.url, fresh_token, "noop-fresh", new_pod_calls, None, progress)
             )
         finally:
             server.stop()
@@ -90,6 +110,7 @@ def run(calls: int, warmup: int, new_pod_calls: int, progress: bool) -> dict[str
         "warm_mean_ms": round(statistics.fmean(warm), 3),
         "warm_calls": len(warm),
         "warm_paths": warm_paths,
+        "warm_phase_p50_ms": {k: round(statistics.median(v), 3) for k, v in phases.items()},
         "new_pod_p50_ms": round(statistics.median(fresh), 3),
         "new_pod_calls": len(fresh),
         "new_pod_paths": fresh_paths,

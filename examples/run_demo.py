@@ -34,7 +34,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the broker exited with {proc.returncode}; see its output above")
+            raise SystemExit(f"the broker exited with {proc.returncode}; see its log")
         try:
             if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
                 return
@@ -68,20 +68,23 @@ def main() -> int:
 
     settings = Settings.from_env()
     env = dict(os.environ, FIREPOOL_HOME=str(settings.home))
-    print(f"starting the broker on {url} (state in {settings.home}/)", flush=True)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--host",
-            args.host,
-            "--port",
-            str(args.port),
-        ],
-        env=env,
+    settings.home.mkdir(parents=True, exist_ok=True)
+    log_path = settings.home / "broker.log"
+    print(
+        f"starting the broker on {url} (state in {settings.home}/, log in {log_path})", flush=True
     )
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(url, proc)
         auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
