@@ -1,10 +1,12 @@
 """Tracker claim throughput, lock hold and memory at scale (paper §3, §9.6; issue 3).
 
-Builds a tracker of ``--pods`` ready pods over several CPU and GPU pools, with a share of
-them held by many callers, then measures claim + release cycles (mixed callers, SKUs, warm
-and never-used pods):
+Builds a tracker of ``--pods`` ready pods over two CPU and two GPU pools (distinct names,
+GPU UUIDs and times), a quarter of them held by 1,000 callers, then measures claim + release
+cycles, one job at a time, cycling over 1,000 callers and the four SKUs (after a warm-up
+pass each claim finds the caller's own held pod: the common, warm case):
 
-- ``claims_per_s``: cycles per second with one claimer;
+- ``claims_per_s``: cycles per wall-clock second with one claimer, best of ``--trials``
+  (the host may be shared); ``claims_per_cpu_s``: the same per CPU second of the process;
 - ``claims_per_s_8_threads``: total cycles per second with 8 claimer threads;
 - ``lock_hold_p50_us`` / ``lock_hold_p99_us``: time inside the tracker's lock per claim or
   release (a timing lock, ``perf_counter_ns`` at acquire and release, every call sampled in a
@@ -108,7 +110,14 @@ def cycles(tracker: Tracker, reqs: Sequence[ClaimRequest], rounds: int) -> int:
     return done
 
 
-def measure(n: int, reqs_per_thread: int, rounds: int) -> dict[str, float]:
+def rate(tracker: Tracker, reqs: Sequence[ClaimRequest], rounds: int) -> tuple[float, float]:
+    """Cycles per wall-clock second and per CPU second of this process."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    done = cycles(tracker, reqs, rounds)
+    return done / (time.perf_counter() - t0), done / max(1e-9, time.process_time() - c0)
+
+
+def measure(n: int, reqs_per_thread: int, rounds: int, trials: int) -> dict[str, float]:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -118,10 +127,9 @@ def measure(n: int, reqs_per_thread: int, rounds: int) -> dict[str, float]:
     tracemalloc.stop()
 
     reqs = [request(i, 10**8 + i) for i in range(reqs_per_thread)]
-    cycles(tracker, reqs, 1)  # warm-up: the callers' pods are now held for them
-    t0 = time.perf_counter()
-    done = cycles(tracker, reqs, rounds)
-    single = done / (time.perf_counter() - t0)
+    cycles(tracker, reqs, 1)  # warm-up: every caller's pod is now held for it
+    # The host is shared: the best of a few trials is the least disturbed one.
+    single, single_cpu = max(rate(tracker, reqs, rounds) for _ in range(trials))
 
     per_thread = [
         [request(i, 10**9 * (k + 1) + i) for i in range(k * 97, k * 97 + reqs_per_thread)]
@@ -140,16 +148,17 @@ def measure(n: int, reqs_per_thread: int, rounds: int) -> dict[str, float]:
         th.join()
     eight = sum(counts) / (time.perf_counter() - t0)
 
+    threads.clear()
     lock = TimingLock()
-    timed = build(min(n, 20_000), lock)
+    timed = build(n, lock)
     cycles(timed, reqs, 1)
     lock.holds.clear()
-    cycles(timed, reqs, max(1, rounds // 4))
-    holds = sorted(lock.holds)
-    q = statistics.quantiles(holds, n=100, method="inclusive")
+    cycles(timed, reqs, max(1, rounds // 2))
+    q = statistics.quantiles(lock.holds, n=100, method="inclusive")
     return {
         "pods": n,
         "claims_per_s": round(single),
+        "claims_per_cpu_s": round(single_cpu),
         "claims_per_s_8_threads": round(eight),
         "lock_hold_p50_us": round(q[49] / 1000, 3),
         "lock_hold_p99_us": round(q[98] / 1000, 3),
@@ -162,9 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=20_000, help="distinct jobs per claimer")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=3, help="single-claimer trials (best)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = measure(args.pods, args.requests, args.rounds)
+    result = measure(args.pods, args.requests, args.rounds, args.trials)
     if args.json:
         print(json.dumps(result))
     else:

@@ -52,7 +52,7 @@ class ClaimPolicy(GpuGates):
             queue, tag = chosen
             key = (sku, caller, queue, tag)
             bucket = self._exact[key]
-            pod = self._pods[bucket.popitem()[0]]
+            pod = bucket.popitem()[1]
             if not bucket:
                 del self._exact[key]
                 del sessions[chosen]
@@ -63,7 +63,7 @@ class ClaimPolicy(GpuGates):
             return pod, path, "queue_changed" if queue != req.queue else "tag_changed"
         fresh = self._fresh.get(sku)
         if fresh:
-            pod = self._pods[fresh.popitem()[0]]
+            pod = fresh.popitem()[1]
             if not fresh:
                 del self._fresh[sku]
             if pod.released_at is not None and pod.released_at > req.queued_at:
@@ -71,7 +71,7 @@ class ClaimPolicy(GpuGates):
             return pod, "idle", "no_owned_idle_pod"
         standby = self._standby.get(sku)
         if standby:
-            pod = self._pods[standby.popitem()[0]]
+            pod = standby.popitem()[1]
             if not standby:
                 del self._standby[sku]
             return pod, "standby", "no_idle_pod"
@@ -98,8 +98,7 @@ class ClaimPolicy(GpuGates):
         for bucket, path, why in sources:
             if not bucket:
                 continue
-            for name in reversed(bucket):
-                pod = self._pods[name]
+            for pod in reversed(bucket.values()):
                 if pod.gpu is not None:
                     if pod.gpu in cards:
                         continue

@@ -41,10 +41,11 @@ class GpuGates(PodIndex):
     def _close_gate_locked(self, pod: PodInfo, gpu: str) -> None:
         """``pod`` on ``gpu`` was claimed: park the rest of its group, one job per GPU."""
         self._gates[gpu] = pod.name
-        for name in self._cards[gpu]:
-            if name != pod.name:
+        members = self._cards[gpu]
+        if len(members) > 1:
+            for name in members:
                 peer = self._pods[name]
-                if peer.state is _IDLE:
+                if peer.state is _IDLE and name != pod.name:
                     self._unindex_locked(peer)
 
     def _open_gate_locked(self, pod: PodInfo) -> None:

@@ -33,14 +33,16 @@ from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.model import ClaimRequest, PodInfo
 from pool_manager.states import PodState
 
-Bucket = dict[Any, None]
+Bucket = dict[str, PodInfo]
+"""A claim bucket: pod name -> pod, insertion ordered (the value saves a lookup on claim)."""
+Sessions = dict[tuple[str | None, str | None], None]
 #: A live lease: the request, its pods, and which of them were standbys when claimed.
 JobRecord = tuple[ClaimRequest, tuple[str, ...], tuple[str, ...]]
 
 _IDLE = PodState.IDLE
 
 
-def discard(index: dict[Any, Bucket], key: Any, item: Any) -> None:
+def discard(index: dict[Any, Any], key: Any, item: Any) -> None:
     bucket = index.get(key)
     if bucket is not None and item in bucket:
         del bucket[item]
@@ -48,12 +50,12 @@ def discard(index: dict[Any, Bucket], key: Any, item: Any) -> None:
             del index[key]
 
 
-def add(index: dict[Any, Bucket], key: Any, item: Any) -> None:
+def add(index: dict[Any, Any], key: Any, item: Any, value: Any = None) -> None:
     bucket = index.get(key)
     if bucket is None:
-        index[key] = {item: None}
+        index[key] = {item: value}
     else:
-        bucket[item] = None
+        bucket[item] = value
 
 
 def gpus_per_pod(spec: PoolSpec) -> int:
@@ -68,10 +70,11 @@ class PodIndex:
         self.catalog = catalog
         self.ledger = ledger
         self._specs: dict[str, PoolSpec] = dict(catalog.pools)
+        self._holds: dict[str, float] = {sku: spec.hold_s for sku, spec in self._specs.items()}
         self._limited = catalog.has_limits
         self._pods: dict[str, PodInfo] = {}
         self._exact: dict[tuple[str, str, str | None, str | None], Bucket] = {}
-        self._owned: dict[tuple[str, str], Bucket] = {}
+        self._owned: dict[tuple[str, str], Sessions] = {}
         self._fresh: dict[str, Bucket] = {}
         self._standby: dict[str, Bucket] = {}
         self._jobs: dict[str, JobRecord] = {}
@@ -101,17 +104,17 @@ class PodIndex:
             return
         if pod.role == "standby":
             if gpu is not None and self._exclusive.get(gpu, False):
-                add(self._standby, pod.sku, pod.name)
+                add(self._standby, pod.sku, pod.name, pod)
         elif pod.owner is None:
-            add(self._fresh, pod.sku, pod.name)
+            add(self._fresh, pod.sku, pod.name, pod)
         else:
             key = (pod.sku, pod.owner, pod.queue, pod.tag)
             bucket = self._exact.get(key)
             if bucket is None:
-                self._exact[key] = {pod.name: None}
+                self._exact[key] = {pod.name: pod}
                 add(self._owned, (pod.sku, pod.owner), (pod.queue, pod.tag))
             else:
-                bucket[pod.name] = None
+                bucket[pod.name] = pod
 
     def _unindex_locked(self, pod: PodInfo) -> None:
         name = pod.name

@@ -158,8 +158,7 @@ class Tracker(ClaimPolicy):
             bucket = self._exact.get(key)
             if bucket:  # the hot path: the caller's own pod, same session
                 # An emptied bucket stays (lazily swept): the next release refills it.
-                name = bucket.popitem()[0]
-                pod = self._pods[name]
+                name, pod = bucket.popitem()
                 path = "warm"
                 reason: str | None = None
             else:
@@ -168,7 +167,12 @@ class Tracker(ClaimPolicy):
                     return _MISSES["no_idle_pod"]
                 pod, path, reason = picked
                 name = pod.name
-            self._take_locked(pod, req, path, now)
+            transition(pod, _ASSIGNED, path, now, _T, self.log, name)
+            pod.job_id = req.job_id
+            if path != "warm":
+                self._mark_taken_locked(pod, path)
+            if pod.gpu is not None:
+                self._close_gate_locked(pod, pod.gpu)
             pods = (name,)
             self._jobs[req.job_id] = (req, pods, pods if path == "standby" else ())
             if self._limited:
@@ -215,18 +219,22 @@ class Tracker(ClaimPolicy):
 
     def _take_locked(self, pod: PodInfo, req: ClaimRequest, path: str, now: float) -> None:
         """Move one claimable pod, already out of its bucket, to ASSIGNED for ``req``; close
-        its GPU's gate."""
+        its GPU's gate. (``claim`` inlines this for one pod.)"""
         transition(pod, _ASSIGNED, path, now, _T, self.log, pod.name)
         pod.job_id = req.job_id
         if path != "warm":
-            if path == "recycled":
-                pod.retire_after = True
-            elif path == "standby":
-                pod.role = "active"
-            if req.single_use:
-                pod.single_use = True
+            self._mark_taken_locked(pod, path)
+        if req.single_use:
+            pod.single_use = True
         if pod.gpu is not None:
             self._close_gate_locked(pod, pod.gpu)
+
+    @staticmethod
+    def _mark_taken_locked(pod: PodInfo, path: str) -> None:
+        if path == "recycled":
+            pod.retire_after = True  # across a session boundary: this job, then retire
+        elif path == "standby":
+            pod.role = "active"  # promoted: it holds the card now
 
     # -- after the claim -------------------------------------------------------------------
     def launched(self, job_id: str, now: float) -> None:
@@ -281,7 +289,7 @@ class Tracker(ClaimPolicy):
                 return []
             req = rec[0]
             spec = self._specs[req.sku]
-            hold = spec.hold_s
+            hold = self._holds[req.sku]
             out: list[PodRelease] = []
             for name in rec[1]:
                 pod = self._pods.get(name)
@@ -304,18 +312,21 @@ class Tracker(ClaimPolicy):
                 else:
                     pod.released_at = now
                     pod.hold_until = now + hold
-                    transition(pod, _IDLE, "released", now, _T, self.log, pod.name)
-                    if pod.gpu is not None:
-                        self._open_gate_locked(pod)
-                        self._index_locked(pod)
-                    else:  # _index_locked, inlined for the hot path
+                    transition(pod, _IDLE, "released", now, _T, self.log, name)
+                    gpu = pod.gpu
+                    if gpu is not None and self._gates.get(gpu) == name:
+                        del self._gates[gpu]  # verified dead: the card may serve again
+                        if len(self._cards[gpu]) > 1:
+                            self._reindex_card_locked(gpu)
+                    if gpu is None or gpu not in self._gates:
+                        # _index_locked for a used pod, inlined for the hot path
                         key = (req.sku, req.caller, req.queue, req.lease_tag)
                         bucket = self._exact.get(key)
                         if bucket is None:
-                            self._exact[key] = {name: None}
+                            self._exact[key] = {name: pod}
                             add(self._owned, key[:2], key[2:])
                         else:
-                            bucket[name] = None
+                            bucket[name] = pod
                     out.append(_new_release(PodRelease, (name, False, "held")))
                     continue
                 transition(pod, _RETIRING, why, now, _T, self.log, pod.name)
@@ -333,7 +344,7 @@ class Tracker(ClaimPolicy):
             expired = [
                 pod
                 for bucket in self._exact.values()
-                for pod in map(self._pods.__getitem__, bucket)
+                for pod in bucket.values()
                 if pod.hold_until is not None and pod.hold_until <= now
             ]
             for pod in self._parked_locked():  # holds behind a closed gate expire too

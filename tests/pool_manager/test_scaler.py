@@ -185,3 +185,31 @@ def test_a_broken_hold_is_never_handed_to_another_caller() -> None:
     t.reconcile([make_request("bob")], 200.0)
     leases, demand = t.claim_all([make_request("bob")], 201.0)
     assert leases == [] and len(demand) == 1
+
+
+def test_a_standby_group_counts_once_in_the_ceiling() -> None:
+    t = make_tracker(make_spec("gpu", standbys_per_active=2, max_count=1))
+    add_ready(t, "a", sku="gpu", gpu="G0")
+    add_ready(t, "s0", sku="gpu", gpu="G0", role="standby")
+    add_ready(t, "s1", sku="gpu", gpu="G0", role="standby")
+    view = t.snapshot(0.0).pools["gpu"]
+    assert view.physical == 1
+    assert creates(t.reconcile([make_request("bob", sku="gpu", pods=2)], 0.0)) == []
+
+
+def test_concurrent_scaler_passes_never_overshoot_the_budget() -> None:
+    import threading
+
+    t = make_tracker(budgets={"cpu": 5})
+    queued = [make_request() for _ in range(50)]
+    made: list[int] = []
+
+    def scaler_pass() -> None:
+        made.append(len(creates(t.reconcile(queued, 0.0))))
+
+    threads = [threading.Thread(target=scaler_pass) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sum(made) == 5 and t.ledger.used("cpu") == 5
