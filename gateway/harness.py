@@ -8,7 +8,6 @@ local pods it leaves behind (pods outlive the broker by design).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -22,6 +21,7 @@ import httpx
 
 from functions.sdk import Client
 from gateway.auth import Authenticator, Role, load_or_create_key
+from pool_manager.backends.local import stop_pod
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,12 +33,9 @@ def free_port() -> int:
 
 
 def kill_pods(home: Path) -> None:
-    """SIGKILL every local pod under ``home`` (their whole process groups)."""
-    for meta_path in (home / "pods").glob("*/pod.json"):
-        with contextlib.suppress(Exception):
-            pid = json.loads(meta_path.read_text()).get("pid")
-            if isinstance(pid, int):
-                os.killpg(pid, signal.SIGKILL)
+    """Stop every local pod under ``home`` (they outlive the broker by design)."""
+    for pod_dir in sorted((home / "pods").glob("*/")):
+        stop_pod(pod_dir)
 
 
 @dataclass

@@ -19,9 +19,10 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command
 from pool_manager.backends.base import BackendPod
 from pool_manager.catalog import PoolSpec
@@ -36,6 +37,31 @@ def pid_alive(pid: int) -> bool:
         return False
     state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
     return state not in (b"Z", b"X")
+
+
+def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: float = 2.0) -> None:
+    """Stop every process of the pod in ``pod_dir``: SIGTERM its launcher (which kills the
+    pod's cgroup where there is one), kill the pod cgroup, then SIGKILL what is left of the
+    launcher's process group. Blocking; safe on a pod that is already gone."""
+    try:
+        meta = json.loads((pod_dir / "pod.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        meta = {}
+    pid = meta.get("pid")
+    if isinstance(pid, int) and pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            reap()
+            if not pid_alive(pid):
+                break
+            time.sleep(0.005)
+    kill_pod(pod_dir.name)
+    if isinstance(pid, int):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    reap()
 
 
 class LocalBackend:
@@ -142,20 +168,7 @@ class LocalBackend:
         return await asyncio.to_thread(self._spawn, name, pool, role, gpu)
 
     def _kill(self, name: str) -> None:
-        meta = self._read_meta(name) or {}
-        pid = meta.get("pid")
-        if isinstance(pid, int) and pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline:
-                self._reap()
-                if not pid_alive(pid):
-                    break
-                time.sleep(0.005)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            self._reap()
+        stop_pod(self.root / name, reap=self._reap)
         shutil.rmtree(self.root / name, ignore_errors=True)
 
     async def delete(self, name: str) -> None:
