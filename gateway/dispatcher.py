@@ -230,7 +230,9 @@ class Dispatcher:
             self._queue_dirty = True
 
     async def finish(self, job: Job, pods: tuple[str, ...] | list[str], outcome: Outcome) -> None:
-        """Reset the attempt's pods, record its outcome durably, release the pods, answer."""
+        """Record the attempt's outcome durably, then acknowledge it at the agent, reset and
+        release the pods, and only then answer waiters (so a caller's next step never finds
+        its own pod still resetting)."""
         attempt = job.attempts[-1]
         attempt.exit_code = outcome.exit_code
         attempt.started = outcome.started or attempt.started
@@ -246,7 +248,6 @@ class Dispatcher:
             and ErrorClass(error_class) in RETRYABLE
             and job.retries < job.max_retries
         )
-        clean = await self.recycler.reset(job.id, list(pods), attempt.id, outcome.lost_pods)
         if outcome.first_instruction is not None and job.first_instruction is None:
             job.first_instruction = outcome.first_instruction
         if outcome.exit_code is not None:
@@ -271,6 +272,9 @@ class Dispatcher:
             await self.store.update(job, revision)
         except Exception:
             log.exception("could not record the outcome of job %s", job.id)
+        # Only now may the agent forget the result: a crash before this point finds the
+        # attempt at the agent and finalizes it without running it again (paper A.1).
+        clean = await self.recycler.reset(job.id, list(pods), attempt.id, outcome.lost_pods)
         await self.recycler.release(job.id, clean)
         if retry:
             self._queue.append(job)

@@ -1,7 +1,8 @@
 """After an attempt: keep its logs, reset its pods, release them to the tracker.
 
-The dispatcher resets before it commits the outcome, so a caller's next step never finds its
-own pod still resetting (and never takes a colder pod for that reason). A pod is released only
+The dispatcher resets after the outcome is committed (the agent keeps the result until then,
+so a crash in between never runs the attempt twice) and before it answers the caller, so a
+caller's next step never finds its own pod still resetting. A pod is released only
 after its agent reports a verified-clean reset; a pod that is lost or reports unclean is
 released as unclean, which retires it, and is deleted, never reused.
 """

@@ -3,8 +3,10 @@
 Runs once at startup, before the dispatcher takes its first job. The job store is
 authoritative for job state; pod annotations are authoritative for ownership.
   1. Pods: list the backend's pods and probe each live one's agent; a silent or dead pod is
-     deleted. The rest are restored with their ownership annotations (owner, tag, queue,
-     release time, hold), so owner holds survive the restart. GPUs restart unverified
+     deleted. Pods not bound to a RUNNING job are reset (a crash may have come between a
+     job's completion commit and its reset); an unclean one is deleted. The rest are restored
+     with their ownership annotations (owner, tag, queue, release time, hold), so owner holds
+     survive the restart. GPUs restart unverified
      (standby promotion fails closed until a sweep), which ``Tracker.restore`` guarantees.
   2. Jobs: QUEUED/PENDING jobs are queued again. For each RUNNING job, probe its attempt on
      its pods: known to the agent → the pods are restored as leased to the job, and the
@@ -114,6 +116,7 @@ async def recover(broker: Broker) -> None:
             info.state, info.job_id = PodState.RUNNING, job.id
             info.owner, info.tag, info.queue = job.caller, job.lease_tag, job.queue
         attached.append((job, body))
+    await _reset_unbound(broker, live, infos)
     for delete in broker.tracker.restore(infos.values(), now):
         broker.pods.delete(delete.name, delete.reason)
     dispatcher = broker.dispatcher
@@ -139,6 +142,22 @@ async def recover(broker: Broker) -> None:
     log.info(
         "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
     )
+
+
+async def _reset_unbound(
+    broker: Broker, live: dict[str, BackendPod], infos: dict[str, PodInfo]
+) -> None:
+    """Reset every pod no RUNNING job is bound to: a crash between a job's completion commit
+    and its reset leaves the pod dirty (and its result unacknowledged). Unclean → deleted."""
+    idle = [name for name, info in infos.items() if info.job_id is None]
+    reports = await asyncio.gather(
+        *(broker.agents.reset(live[name].endpoint) for name in idle), return_exceptions=True
+    )
+    for name, report in zip(idle, reports, strict=True):
+        if isinstance(report, BaseException) or not report.get("clean"):
+            log.info("pod %s did not reset clean after restart (%r); deleting it", name, report)
+            del infos[name]
+            await broker.backend.delete(name)
 
 
 async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
