@@ -1,0 +1,93 @@
+"""Crash recovery with a real broker process killed by SIGKILL (paper App. A.1, issue 4)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.auth import Role
+from gateway.harness import BrokerServer, kill_pods, start_broker
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+CATALOG = (
+    "budgets: {cpu: 8}\n"
+    "pools:\n"
+    "  cpu: {min_count: 1, max_idle_count: 2, max_count: 4, idle_timeout_s: 300}\n"
+)
+
+
+@pytest.fixture
+def crashy(tmp_path: Path) -> Iterator[list[BrokerServer]]:
+    """A broker that tests may kill and restart; the list holds the current process."""
+    home = tmp_path / "home"
+    server = start_broker(home, CATALOG)
+    with server.client("deployer", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep", max_retries=0)
+        fp.deploy(BEHAVIOURS, name="whoami", sku="cpu", entrypoint="behaviours:whoami")
+    holder = [server]
+    try:
+        yield holder
+    finally:
+        holder[0].stop()
+        kill_pods(home)
+
+
+def _restart(holder: list[BrokerServer]) -> BrokerServer:
+    old = holder[0]
+    old.kill()
+    port = int(old.url.rsplit(":", 1)[1])
+    holder[0] = start_broker(old.home, CATALOG, port=port)
+    return holder[0]
+
+
+def test_a_kill_right_after_a_202_never_loses_the_job(crashy: list[BrokerServer]) -> None:
+    server = crashy[0]
+    token = server.token("kill-202")
+    resp = httpx.post(
+        f"{server.url}/v1/functions/sleep/jobs",
+        json={"input": 0.1},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert resp.status_code == 202
+    job_id = resp.json()["job_id"]
+    server = _restart(crashy)
+    with server.client("kill-202") as fp:
+        job = fp.wait(job_id, timeout_s=60)
+    assert job["state"] == "SUCCEEDED"
+
+
+def test_a_job_running_through_a_crash_is_reattached_and_runs_once(
+    crashy: list[BrokerServer],
+) -> None:
+    server = crashy[0]
+    with server.client("reattach") as fp:
+        job_id = fp.submit("sleep", 2.0)
+        deadline = time.monotonic() + 30
+        while fp.job(job_id)["state"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    time.sleep(0.3)
+    server = _restart(crashy)
+    with server.client("reattach") as fp:
+        job = fp.wait(job_id, timeout_s=60)
+    assert job["state"] == "SUCCEEDED"
+    assert job["output"] == "slept"
+    assert len(job["attempts"]) == 1, "the attempt was re-attached, not run again"
+    assert job["retries"] == 0
+
+
+def test_owner_holds_survive_a_restart(crashy: list[BrokerServer]) -> None:
+    server = crashy[0]
+    with server.client("holder") as fp:
+        first = fp.invoke("whoami", None, lease_tag="s")
+    server = _restart(crashy)
+    with server.client("holder") as fp:
+        again = fp.invoke("whoami", None, lease_tag="s")
+    with server.client("stranger") as fp:
+        other = fp.invoke("whoami", None, lease_tag="s")
+    assert again["acquisition"]["path"] == "warm"
+    assert again["attempts"][0]["pods"] == first["attempts"][0]["pods"]
+    assert other["attempts"][0]["pods"] != first["attempts"][0]["pods"]
