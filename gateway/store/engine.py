@@ -76,9 +76,7 @@ def _sqlite_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
 def _mysql_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
     from pymysql.constants import CLIENT
 
-    write = create_engine(
-        url, pool_size=1, max_overflow=0, pool_pre_ping=True, isolation_level="REPEATABLE READ"
-    )
+    write = create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
 
     @event.listens_for(write, "do_connect")
     def _multi_statements(_dialect: Any, _rec: Any, _args: Any, params: dict[str, Any]) -> None:
