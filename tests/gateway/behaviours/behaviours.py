@@ -17,5 +17,13 @@ def sleep(request):
     return "slept"
 
 
+def chatty(request):
+    import sys
+
+    print(f"hello from the job: {request}", flush=True)
+    print("and a warning on stderr", file=sys.stderr, flush=True)
+    return "done"
+
+
 def whoami(request):
     return {"caller": os.environ.get("FIREPOOL_CALLER"), "pid": os.getpid()}

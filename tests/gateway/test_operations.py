@@ -1,0 +1,73 @@
+"""Operator and developer routes: functions, logs, pools, metrics, probes, schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from functions.sdk import ApiError
+from gateway.auth import Role
+from tests.conftest import EXAMPLES, BrokerServer
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
+
+def test_functions_are_versioned_listed_described_and_deleted(
+    broker_server: BrokerServer,
+) -> None:
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        v1 = fp.deploy(EXAMPLES / "noop", name="temp-fn", sku="cpu", entrypoint="noop:noop")
+        v2 = fp.deploy(EXAMPLES / "noop", name="temp-fn", sku="cpu", entrypoint="noop:noop")
+        assert v2["version"] == v1["version"] + 1
+        assert "temp-fn" in {f["name"] for f in fp.functions()}
+        resp = fp._http.delete("/v1/functions/temp-fn")
+        assert resp.status_code == 200
+        assert "temp-fn" not in {f["name"] for f in fp.functions()}
+    with broker_server.client("ops-caller") as fp:
+        try:
+            fp.invoke("temp-fn", 1)
+            raise AssertionError("a deleted function must not run")
+        except ApiError as exc:
+            assert exc.error_class == "NotFound"
+
+
+def test_a_function_on_an_unknown_pool_is_rejected(broker_server: BrokerServer) -> None:
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        try:
+            fp.deploy(EXAMPLES / "noop", name="nowhere", sku="tpu-v9", entrypoint="noop:noop")
+            raise AssertionError("unknown sku accepted")
+        except ApiError as exc:
+            assert exc.status == 400 and exc.field == "sku"
+
+
+def test_logs_of_a_job_are_kept_after_it_ends(broker_server: BrokerServer) -> None:
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty")
+    with broker_server.client("ops-logs") as fp:
+        job = fp.invoke("chatty", 42)
+        assert job["state"] == "SUCCEEDED"
+        text = fp.logs(job["id"]).text
+        followed = fp.logs(job["id"], follow=True).text
+    assert "hello from the job: 42" in text
+    assert "and a warning on stderr" in text
+    assert followed == text
+
+
+def test_pools_report_pods_queue_and_budgets_to_admins(broker_server: BrokerServer) -> None:
+    with broker_server.client("ops-admin", Role.ADMIN) as fp:
+        report = fp.pools()
+    cpu = report["pools"]["cpu"]
+    assert cpu["floor"] == 1 and cpu["ceiling"] == 8
+    assert sum(cpu["pods"].values()) >= 1
+    assert report["budgets"]["cpu"]["budget"] == 16
+
+
+def test_probes_metrics_and_schema_answer(broker_server: BrokerServer) -> None:
+    url = broker_server.url
+    assert httpx.get(f"{url}/healthz").json() == {"ok": True}
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    metrics = httpx.get(f"{url}/metrics").text
+    assert "firepool_pods{" in metrics and "firepool_jobs_total" in metrics
+    schema = httpx.get(f"{url}/openapi.json").json()
+    assert "/v1/functions/{name}:invoke" in schema["paths"]
