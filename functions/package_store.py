@@ -15,6 +15,7 @@ import hmac
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -62,8 +63,9 @@ class LocalPackageStore:
     def exists(self, digest: str) -> bool:
         return self.path(digest).is_file()
 
-    def put(self, digest: str, data: bytes) -> bool:
-        """Store ``data`` under ``digest`` if it matches; return whether it was new."""
+    def put(self, digest: str, data: bytes, check: Callable[[Path], None] | None = None) -> bool:
+        """Store ``data`` under ``digest`` if it matches (and ``check`` accepts the written
+        file, before it becomes visible); return whether it was new."""
         target = self.path(digest)
         if len(data) > MAX_PACKAGE_BYTES:
             raise PackageRejected(f"package is {len(data)} bytes; the cap is {MAX_PACKAGE_BYTES}")
@@ -79,6 +81,8 @@ class LocalPackageStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if check is not None:
+                check(Path(tmp))
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

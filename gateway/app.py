@@ -26,7 +26,7 @@ from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
 from gateway.metrics import render_metrics
 from gateway.openapi import OPENAPI
-from gateway.package_check import check_package
+from gateway.package_check import check_package_file
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
 INVOKE_FIELDS = {
@@ -78,9 +78,9 @@ async def put_package(request: Request) -> Response:
     if request.method == "HEAD":
         return Response(status_code=200 if broker.packages.exists(digest) else 404)
     body = await request.body()
-    if request.headers.get("content-type", "").startswith("application/zip"):
-        await asyncio.to_thread(check_package, body)
-    created = await asyncio.to_thread(broker.packages.put, digest, body)
+    is_zip = request.headers.get("content-type", "").startswith("application/zip")
+    check = check_package_file if is_zip else None
+    created = await asyncio.to_thread(broker.packages.put, digest, body, check)
     await broker.jobs.put_package(digest, len(body))
     return JSONResponse(
         {"digest": digest, "size": len(body), "created": created},

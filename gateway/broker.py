@@ -26,7 +26,7 @@ from gateway.dispatcher import Dispatcher
 from gateway.executor import Executor
 from gateway.jobs import Job
 from gateway.lifecycle import LogArchive, PodRecycler
-from gateway.package_check import check_package
+from gateway.package_check import check_package_file
 from gateway.pods import PodManager
 from gateway.recovery import recover
 from gateway.settings import Settings
@@ -120,8 +120,11 @@ class Broker:
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
-            "recovery %.3f s)", t_recovered - PROCESS_STARTED, t0 - PROCESS_STARTED,
-            t_store - t0, t_recovered - t_store,
+            "recovery %.3f s)",
+            t_recovered - PROCESS_STARTED,
+            t0 - PROCESS_STARTED,
+            t_store - t0,
+            t_recovered - t_store,
         )
 
     def _wake(self) -> None:
@@ -169,8 +172,7 @@ class Broker:
             raise InvalidRequest(
                 "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
             )
-        data = await asyncio.to_thread(self.packages.read, spec.package_digest)
-        await asyncio.to_thread(check_package, data)
+        await asyncio.to_thread(check_package_file, self.packages.path(spec.package_digest))
         if spec.requirements_digest and not self.packages.exists(spec.requirements_digest):
             raise InvalidRequest("upload the requirements file first", field="requirements")
         stored = await self.jobs.put_function(spec)

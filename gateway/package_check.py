@@ -7,17 +7,23 @@ agent's own validator so both sides apply exactly the same rules.
 
 from __future__ import annotations
 
-import io
+import mmap
 import zipfile
+from pathlib import Path
 
 from functions.errors import PackageRejected
 from pod_runtime.archive import ArchiveLimits, validate
 
 
-def check_package(data: bytes, limits: ArchiveLimits | None = None) -> None:
-    """Raise ``PackageRejected`` unless ``data`` is a zip the agent will extract."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            validate(zf, len(data), limits or ArchiveLimits())
-    except zipfile.BadZipFile as exc:
-        raise PackageRejected(f"not a zip archive: {exc}") from None
+def check_package_file(path: Path, limits: ArchiveLimits | None = None) -> None:
+    """Raise ``PackageRejected`` unless ``path`` is a zip the agent will extract."""
+    with path.open("rb") as f:
+        size = path.stat().st_size
+        if size == 0:
+            raise PackageRejected("not a zip archive: the file is empty")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            try:
+                with zipfile.ZipFile(f) as zf:
+                    validate(zf, mm, size, limits or ArchiveLimits())
+            except zipfile.BadZipFile as exc:
+                raise PackageRejected(f"not a zip archive: {exc}") from None
