@@ -1,0 +1,85 @@
+"""The developer's path: the ``firepool`` CLI and the ``make run`` demo, as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.harness import REPO, free_port, kill_pods
+from tests.conftest import EXAMPLES, BrokerServer
+
+
+def _firepool(server: BrokerServer, *args: str, token: str | None = None) -> str:
+    env = dict(os.environ, FIREPOOL_HOME=str(server.home), FIREPOOL_URL=server.url)
+    if token:
+        env["FIREPOOL_TOKEN"] = token
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServer) -> None:
+    deploy_token = _firepool(broker_server, "token", "--caller", "cli-dev", "--role", "deploy")
+    deploy_token = deploy_token.strip().splitlines()[-1]
+    out = _firepool(
+        broker_server,
+        "deploy",
+        str(EXAMPLES / "rollout"),
+        "--name",
+        "cli-rollout",
+        "--sku",
+        "cpu",
+        "--entrypoint",
+        "rollout:rollout",
+        token=deploy_token,
+    )
+    assert json.loads(out)["name"] == "cli-rollout"
+    token = _firepool(broker_server, "token", "--caller", "cli-user").strip().splitlines()[-1]
+    job = json.loads(
+        _firepool(
+            broker_server,
+            "invoke",
+            "cli-rollout",
+            "--input",
+            '{"seed": 3}',
+            "--tag",
+            "t1",
+            token=token,
+        )
+    )
+    assert job["state"] == "SUCCEEDED" and job["output"]["steps"] > 0
+    listed = json.loads(_firepool(broker_server, "jobs", token=token))
+    assert job["id"] in {j["id"] for j in listed}
+    one = json.loads(_firepool(broker_server, "jobs", job["id"], token=token))
+    assert one["output"] == job["output"]
+
+
+def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
+    home = tmp_path / "demo"
+    env = dict(os.environ, FIREPOOL_HOME=str(home))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "examples.run_demo", "--once", "--port", str(free_port())],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        kill_pods(home)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "path=warm" in proc.stdout
+    assert "path=recycled" in proc.stdout
+    assert "acquisition paths:" in proc.stdout
+    assert "curl" in proc.stdout
