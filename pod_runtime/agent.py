@@ -111,6 +111,7 @@ class Agent:
                 python=self.settings.python, preload=self.settings.preload, reaper=self.reaper
             )
             await self.zygote.start()
+            await self.zygote.prefork()
         self.runner = Runner(
             self.settings,
             reaper=self.reaper,
@@ -248,6 +249,8 @@ class Agent:
             report = await self.resetter.reset(self.runner.scope(), wipe=wipe)
             if report.clean:
                 self.runner.job_sessions.clear()
+                if self.zygote is not None:
+                    await self.zygote.prefork()
         return respond(report.to_json())
 
     def app(self) -> web.Application:

@@ -19,13 +19,17 @@ Synchronous and blocking: the agent runs it in a worker thread, one extraction a
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
+import re
 import shutil
 import stat
 import struct
 import zipfile
+import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from functions.errors import PackageRejected
 
@@ -35,6 +39,8 @@ ALLOWED_COMPRESSION = frozenset(
 )
 LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 LOCAL_MAGIC = b"PK\x03\x04"
+CHUNK = 1 << 20
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +61,7 @@ def _check_name(raw: str) -> tuple[str, bool]:
     """Return (normalised relative name, is_dir) or raise PackageRejected."""
     if not raw or "\0" in raw:
         raise PackageRejected(f"entry name {raw!r} is empty or contains NUL")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+    if _CONTROL.search(raw):
         raise PackageRejected(f"entry name {raw!r} contains control characters")
     if "\\" in raw:
         raise PackageRejected(f"entry name {raw!r} contains a backslash")
@@ -67,35 +73,49 @@ def _check_name(raw: str) -> tuple[str, bool]:
         raise PackageRejected(f"entry name {raw!r} names the package root")
     if ".." in parts:
         raise PackageRejected(f"entry name {raw!r} escapes the package directory")
-    if any(len(p.encode()) > 255 for p in parts) or len(raw.encode()) > 4096:
+    if len(raw.encode()) > 4096 or any(len(p.encode()) > 255 for p in parts):
         raise PackageRejected(f"entry name {raw[:80]!r}... is too long")
-    return str(PurePosixPath(*parts)), is_dir
+    return "/".join(parts), is_dir
 
 
-def _local_span(fp: zipfile.ZipFile, info: zipfile.ZipInfo, file_size: int) -> tuple[int, int]:
-    """[start, end) of the entry's local header plus data, read from the real local header."""
-    handle = fp.fp
-    assert handle is not None
-    handle.seek(info.header_offset)
-    header = handle.read(LOCAL_HEADER.size)
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A validated entry: its normalised name and where its compressed bytes are."""
+
+    info: zipfile.ZipInfo
+    name: str
+    is_dir: bool
+    data_start: int
+    data_end: int
+
+
+def _data_span(mm: mmap.mmap, info: zipfile.ZipInfo, size: int) -> tuple[int, int]:
+    """[data start, data end) from the entry's real local header (not the central copy)."""
+    at = info.header_offset
+    header = mm[at : at + LOCAL_HEADER.size]
     if len(header) != LOCAL_HEADER.size or header[:4] != LOCAL_MAGIC:
         raise PackageRejected(f"entry {info.filename!r} has no valid local header")
     fields = LOCAL_HEADER.unpack(header)
     name_len, extra_len = fields[-2], fields[-1]
-    end = info.header_offset + LOCAL_HEADER.size + name_len + extra_len + info.compress_size
-    if end > file_size:
+    if mm[at + LOCAL_HEADER.size : at + LOCAL_HEADER.size + name_len] != info.orig_filename.encode(
+        "utf-8" if info.flag_bits & 0x800 else "cp437", "replace"
+    ):
+        raise PackageRejected(f"entry {info.filename!r} disagrees with its local header")
+    start = at + LOCAL_HEADER.size + name_len + extra_len
+    end = start + info.compress_size
+    if end > size:
         raise PackageRejected(f"entry {info.filename!r} runs past the end of the archive")
-    return info.header_offset, end
+    return start, end
 
 
-def validate(zf: zipfile.ZipFile, file_size: int, limits: ArchiveLimits) -> list[zipfile.ZipInfo]:
+def validate(zf: zipfile.ZipFile, mm: mmap.mmap, size: int, limits: ArchiveLimits) -> list[Entry]:
     """Check every entry (see module invariants); return them in archive order."""
     infos = zf.infolist()
     if len(infos) > limits.max_files:
         raise PackageRejected(f"archive has {len(infos)} entries (cap {limits.max_files})")
     seen: dict[str, bool] = {}
     declared = 0
-    spans: list[tuple[int, int, str]] = []
+    entries: list[Entry] = []
     for info in infos:
         if "\0" in info.orig_filename:  # zipfile silently cuts names at NUL
             raise PackageRejected(f"entry name {info.orig_filename!r} contains NUL")
@@ -118,32 +138,74 @@ def validate(zf: zipfile.ZipFile, file_size: int, limits: ArchiveLimits) -> list
             raise PackageRejected(f"archive declares more than {limits.max_written} bytes")
         if info.file_size > MiB and info.file_size > limits.max_ratio * max(info.compress_size, 1):
             raise PackageRejected(f"entry {info.filename!r} has a zip-bomb compression ratio")
-        start, end = _local_span(zf, info, file_size)
-        spans.append((start, end, info.filename))
+        start, end = _data_span(mm, info, size)
+        entries.append(Entry(info, name, is_dir, start, end))
     for name in seen:
-        parent = str(PurePosixPath(name).parent)
-        while parent != ".":
+        parent = name.rpartition("/")[0]
+        while parent:
             if seen.get(parent) is False:
                 raise PackageRejected(f"entry {name!r} is below the file {parent!r}")
-            parent = str(PurePosixPath(parent).parent)
-    spans.sort()
+            parent = parent.rpartition("/")[0]
+    spans = sorted((e.info.header_offset, e.data_end, e.name) for e in entries)
     for (_, end, name), (start, _, other) in itertools.pairwise(spans):
         if start < end:
             raise PackageRejected(f"entries {name!r} and {other!r} overlap")
-    return infos
+    return entries
 
 
-def _write_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path, budget: int) -> int:
-    mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _chunks(entry: Entry, view: memoryview, zf: zipfile.ZipFile) -> Generator[bytes]:
+    """The entry's uncompressed bytes: stored and deflate straight from the mapping."""
+    data = view[entry.data_start : entry.data_end]
+    try:
+        yield from _decoded(entry, data, zf)
+    finally:
+        data.release()  # the mapping cannot be closed while a view of it is alive
+
+
+def _decoded(entry: Entry, data: memoryview, zf: zipfile.ZipFile) -> Iterator[bytes]:
+    kind = entry.info.compress_type
+    if kind == zipfile.ZIP_STORED:
+        for at in range(0, len(data), CHUNK):
+            yield bytes(data[at : at + CHUNK])
+    elif kind == zipfile.ZIP_DEFLATED:
+        inflater = zlib.decompressobj(-15)
+        for at in range(0, len(data), CHUNK):
+            out = inflater.decompress(data[at : at + CHUNK], CHUNK)
+            while True:
+                if out:
+                    yield out
+                if not inflater.unconsumed_tail:
+                    break
+                out = inflater.decompress(inflater.unconsumed_tail, CHUNK)
+        if tail := inflater.flush():
+            yield tail
+        if not inflater.eof:
+            raise PackageRejected(f"entry {entry.name!r} has a truncated deflate stream")
+    else:
+        with zf.open(entry.info) as src:
+            while chunk := src.read(CHUNK):
+                yield chunk
+
+
+def _write_entry(
+    entry: Entry, view: memoryview, zf: zipfile.ZipFile, target: str, budget: int
+) -> int:
+    mode = 0o755 if (entry.info.external_attr >> 16) & 0o111 else 0o644
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    written = 0
-    with os.fdopen(fd, "wb") as out, zf.open(info) as src:
-        while chunk := src.read(1 << 20):
-            written += len(chunk)
-            if written > budget:
-                raise PackageRejected("extraction wrote more than the cap")
-            out.write(chunk)
+    written = crc = 0
+    chunks = _chunks(entry, view, zf)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                written += len(chunk)
+                if written > budget:
+                    raise PackageRejected("extraction wrote more than the cap")
+                crc = zlib.crc32(chunk, crc)
+                out.write(chunk)
+    finally:
+        chunks.close()
+    if written != entry.info.file_size or crc != entry.info.CRC:
+        raise PackageRejected(f"entry {entry.name!r} does not match its size or CRC-32")
     return written
 
 
@@ -158,23 +220,38 @@ def extract(zip_path: Path, dest: Path, limits: ArchiveLimits) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise PackageRejected(f"package directory {dest} is not empty")
+    root = str(dest)
     files = 0
     try:
-        with zipfile.ZipFile(zip_path) as zf:
-            infos = validate(zf, size, limits)
+        with (
+            open(zip_path, "rb") as handle,
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+            zipfile.ZipFile(handle) as zf,
+        ):
+            entries = validate(zf, mm, size, limits)
             budget = limits.max_written
-            for info in infos:
-                name, is_dir = _check_name(info.filename)
-                target = dest / name
-                if is_dir:
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                budget -= _write_entry(zf, info, target, budget)
-                files += 1
+            made: set[str] = {root}
+            with memoryview(mm) as view:
+                for entry in entries:
+                    target = os.path.join(root, entry.name)
+                    folder = target if entry.is_dir else os.path.dirname(target)
+                    if folder not in made:
+                        os.makedirs(folder, exist_ok=True)
+                        made.add(folder)
+                    if not entry.is_dir:
+                        budget -= _write_entry(entry, view, zf, target, budget)
+                        files += 1
     except PackageRejected:
         _empty(dest)
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        EOFError,
+        OSError,
+        ValueError,
+    ) as exc:
         _empty(dest)
         raise PackageRejected(f"package is not a valid zip: {exc}") from exc
     except NotImplementedError as exc:

@@ -5,7 +5,8 @@ the pod (pods outlive the broker, like Kubernetes pods, so ``--die-with-parent``
 
 The sandbox (``bwrap``, run as root here): new PID, mount and IPC namespaces and session;
 ``/`` read-only (the venv included); a minimal ``/dev`` plus the NVIDIA device nodes; private
-tmpfs ``/tmp`` and ``/dev/shm``; the pod directory is the only writable tree; all capabilities
+tmpfs ``/tmp``, ``/dev/shm`` and package directory (``workspace/pkg``, unpacked on every job,
+so kept in memory); the pod directory is the only writable tree; all capabilities
 dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
 prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
 and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
@@ -46,6 +47,7 @@ PROBE_ARGS = (
     "--cap-drop",
     "ALL",
 )
+PKG_TMPFS_BYTES = 2_000_000_000 + 64 * 1024 * 1024
 _warned = False
 
 
@@ -68,27 +70,17 @@ def sandbox_status() -> tuple[bool, str]:
 
 
 def _bwrap_argv(pod_dir: Path, network: bool, cgroup_dir: Path | None) -> list[str]:
+    pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
         argv += ["--dev-bind", node, node]
-    argv += [
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/dev/shm",
-        "--bind",
-        str(pod_dir),
-        str(pod_dir),
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--chdir",
-        str(pod_dir),
-    ]
+    argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    argv += ["--bind", str(pod_dir), str(pod_dir)]
+    # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
+    # disk. Sized to the extraction cap plus slack.
+    argv += ["--size", str(PKG_TMPFS_BYTES), "--tmpfs", pkg]
+    argv += ["--unshare-pid", "--unshare-ipc", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--chdir", str(pod_dir)]
     if cgroup_dir is not None:
         argv += ["--bind", str(cgroup_dir), str(cgroup_dir)]
     if not network:

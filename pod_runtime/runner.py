@@ -80,7 +80,7 @@ class Runner:
         return Attempt(spec, directory, AttemptResult(spec.attempt_id, started=time.time()))
 
     def scope(self) -> proctree.JobScope:
-        exclude = {self.zygote.pid} if self.zygote is not None and self.zygote.pid else set()
+        exclude = self.zygote.helpers() if self.zygote is not None else set()
         cgroup_pids = self.cgroups.pids if self.cgroups is not None else None
         return proctree.JobScope(os.getpid(), exclude, set(self.job_sessions), cgroup_pids)
 
@@ -105,7 +105,8 @@ class Runner:
 
     async def _bind(self, attempt: Attempt) -> list[str]:
         spec = attempt.spec
-        await asyncio.to_thread(empty_dir, self.layout.pkg)
+        if any(os.scandir(self.layout.pkg)):  # normally emptied by the last reset
+            await asyncio.to_thread(empty_dir, self.layout.pkg)
         if spec.package is not None:
             zip_path, _ = await self.blobs.get(spec.package)
             await asyncio.to_thread(

@@ -123,6 +123,7 @@ class ZygoteClient:
         self.preload = tuple(preload)
         self.reaper = reaper
         self.pid: int | None = None
+        self.spare_pid: int | None = None
         self.info: dict[str, Any] = {}
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -171,12 +172,29 @@ class ZygoteClient:
             event = orjson.loads(line)
             if event.get("event") == "exit":
                 self.reaper.resolve(int(event["pid"]), int(event["status"]))
+            elif event.get("event") == "preforked":
+                self.spare_pid = int(event["pid"])
+                continue
             else:
                 if event.get("event") == "spawned":
                     # Before the next line is read: the exit event may follow right behind.
                     self.reaper.expect(int(event["pid"]))
+                    if self.spare_pid == int(event["pid"]):
+                        self.spare_pid = None
                 await self._events.put(event)
         await self._events.put({"event": "gone"})
+
+    def helpers(self) -> set[int]:
+        """The zygote and its spare: never job processes, never killed by a reset."""
+        return {p for p in (self.pid, self.spare_pid) if p is not None}
+
+    async def prefork(self) -> None:
+        """Ask for a spare child while idle (after a clean reset); does not wait for it."""
+        async with self._lock:
+            if self.pid is None or self._writer is None or self._writer.is_closing():
+                return
+            self._writer.write(b'{"op":"prefork"}\n')
+            await self._writer.drain()
 
     async def spawn(self, cfg: dict[str, Any]) -> int:
         """Fork a job from the zygote; return its pid (already ``expect``-ed)."""
@@ -203,8 +221,8 @@ class ZygoteClient:
             with contextlib.suppress(OSError, ConnectionError):
                 await self._writer.wait_closed()
             self._writer = None
-        if self.pid is not None:
+        for pid in self.helpers():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            self.pid = None
+                os.kill(pid, signal.SIGKILL)
+        self.pid = self.spare_pid = None
         self._events = asyncio.Queue()

@@ -5,7 +5,8 @@ stdin/stdout (newline-delimited JSON, one request at a time) and the agent log o
 
 Protocol (zygote → agent): ``{"event": "ready", "preloaded": [...]}`` once, then for each
 ``{"op": "spawn", "cfg": {...}}`` a ``{"event": "spawned", "pid": P}`` written *before* any
-``{"event": "exit", "pid": P, "status": S}`` for it (raw ``waitpid`` status).
+``{"event": "exit", "pid": P, "status": S}`` for it (raw ``waitpid`` status), and for each
+``{"op": "prefork"}`` a ``{"event": "preforked", "pid": P}`` naming the spare child.
 
 Invariants and fork-safety:
 
@@ -61,10 +62,17 @@ def _send(message: dict[str, Any]) -> None:
 
 
 class Zygote:
-    """The fork loop. Owns fds 0/1 (control socket) and a self-pipe for SIGCHLD."""
+    """The fork loop. Owns fds 0/1 (control socket) and a self-pipe for SIGCHLD.
+
+    ``spare`` is a child forked ahead of time (``prefork``, sent by the agent when the pod is
+    idle after a reset) that blocks on a pipe until it is handed a job's config, taking the
+    fork off the job's critical path. It has run no user code and holds none of the zygote's
+    descriptors except its own pipe.
+    """
 
     def __init__(self) -> None:
         self.jobs: set[int] = set()
+        self.spare: tuple[int, int] | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -79,11 +87,57 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare[0]:
+                os.close(self.spare[1])
+                self.spare = None
             if pid in self.jobs:
                 self.jobs.discard(pid)
                 _send({"event": "exit", "pid": pid, "status": status})
 
+    def _await_config(self, cfg_r: int) -> None:
+        """In a spare child: drop the zygote's descriptors, wait for a config, run it."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.closerange(3, cfg_r)
+        os.closerange(cfg_r + 1, 1 << 16)
+        chunks = []
+        while chunk := os.read(cfg_r, 1 << 20):
+            chunks.append(chunk)
+        if not chunks:
+            os._exit(0)
+        run_forked(orjson.loads(b"".join(chunks)))
+
+    def prefork(self) -> None:
+        if self.spare is not None:
+            _send({"event": "preforked", "pid": self.spare[0]})
+            return
+        cfg_r, cfg_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            self._await_config(cfg_r)
+        os.close(cfg_r)
+        self.spare = (pid, cfg_w)
+        _send({"event": "preforked", "pid": pid})
+
     def spawn(self, cfg: dict[str, Any]) -> None:
+        if self.spare is not None:
+            pid, cfg_w = self.spare
+            self.spare = None
+            data = orjson.dumps(cfg)
+            try:
+                while data:
+                    data = data[os.write(cfg_w, data) :]
+            except BrokenPipeError:  # the spare died: fork afresh
+                pid = 0
+            finally:
+                os.close(cfg_w)
+            if pid:
+                self.jobs.add(pid)
+                _send({"event": "spawned", "pid": pid})
+                return
         pid = os.fork()
         if pid == 0:
             run_forked(cfg)
@@ -109,6 +163,8 @@ class Zygote:
                     request = orjson.loads(line)
                     if request.get("op") == "spawn":
                         self.spawn(request["cfg"])
+                    elif request.get("op") == "prefork":
+                        self.prefork()
             self.reap()
 
 

@@ -55,6 +55,15 @@ def _overlapping() -> bytes:
     return raw[:cd_offset] + central + twin + bytes(new_eocd)
 
 
+def _overlapping_data() -> bytes:
+    """Distinct local headers, but the first entry's data claims the second's bytes too."""
+    raw = bytearray(_zip([("a.py", b"a" * 100), ("b.py", b"b" * 100)], compresslevel=0))
+    at = raw.index(b"PK\x01\x02")
+    size = struct.unpack_from("<L", raw, at + 20)[0]
+    struct.pack_into("<L", raw, at + 20, size + 40)
+    return bytes(raw)
+
+
 def _nul_name() -> bytes:
     raw = _zip([("aXevil.py", b"x")])
     return raw.replace(b"aXevil.py", b"a\x00evil.py")
@@ -111,6 +120,7 @@ CORPUS: dict[str, Callable[[], bytes]] = {
         [(f"r{i}.bin", os.urandom(1024) * 1024) for i in range(9)], compresslevel=0
     ),
     "overlapping entries": _overlapping,
+    "data overlapping the next entry": _overlapping_data,
     "NUL in name": _nul_name,
     "control character in name": lambda: _zip([("a\nb.py", b"x")]),
     "invalid UTF-8 name": _bad_utf8,
