@@ -188,11 +188,13 @@ class Dispatcher:
             self.tracker.unclaim(job.id, self.clock())
             job.attempts.pop()
             job.state = JobState.QUEUED
-            if isinstance(exc, StaleRevision) or job.id in self._cancel_requested:
-                log.info("job %s changed under the dispatcher (%s); not started", job.id, exc)
-                await self._reload(job)
-            else:
+            if isinstance(exc, LookupError):
                 await self._fail_before_start(job, revision, exc)
+            else:
+                if not isinstance(exc, StaleRevision):
+                    log.warning("RUNNING commit of job %s failed (%r); re-queued", job.id, exc)
+                    await asyncio.sleep(0.1)  # a store outage: do not spin
+                await self._reload(job)
             self.wake()
             return
         self.tracker.launched(job.id, self.clock())
@@ -221,7 +223,19 @@ class Dispatcher:
         self._resolve(job)
 
     async def _reload(self, job: Job) -> None:
-        fresh = await self.store.get_job(job.id)
+        """Queue the job again as the store has it (after a failed RUNNING commit).
+
+        If the commit did land (the error came after it), the row says RUNNING although
+        nothing was launched: move it back to QUEUED first, so no user code ran unrecorded.
+        """
+        try:
+            fresh = await self.store.get_job(job.id)
+            if fresh is not None and fresh.state is JobState.RUNNING:
+                fresh.state = JobState.QUEUED
+                await self.store.update(fresh, fresh.revision)
+        except Exception:
+            log.exception("could not reload job %s; keeping it queued in memory", job.id)
+            fresh = job
         if fresh is None or fresh.state in TERMINAL_JOB_STATES:
             self._resolve(fresh or job)
         else:
@@ -290,8 +304,8 @@ class Dispatcher:
             return job
         live = self.live.get(job.id, job)
         self._cancel_requested.add(job.id)
-        if live in self._queue:
-            self._queue.remove(live)
+        if any(queued is live for queued in self._queue):
+            self._queue = [queued for queued in self._queue if queued is not live]
             revision = live.revision
             live.state = JobState.CANCELLED
             live.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled by caller"}
