@@ -1,0 +1,120 @@
+"""``firepool simulate``: paired simulated repeats, the paper reproduction, venue calibration.
+
+    firepool simulate --venue h200 --workload w-agent --arms reuse-on,reuse-off,fresh \
+        --repeats 10 --json
+    firepool simulate --report DIR          # every table and figure reproduced, with plots
+    firepool simulate calibrate [--out F]   # measure the local venue on this machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from pool_manager.simulator.arms import arm_names
+from pool_manager.simulator.experiment import (
+    WORKLOADS,
+    Workload,
+    report,
+    run_arms,
+    with_dispatch,
+)
+from pool_manager.simulator.venue import load_venue, venue_names
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="firepool simulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--venue", default="h200", help=f"one of {', '.join(venue_names())} or a YAML")
+    p.add_argument("--workload", default="w-agent", choices=WORKLOADS)
+    p.add_argument(
+        "--arms",
+        default="reuse-on,reuse-off,fresh",
+        help="comma-separated; the first is the reference for paired effects",
+    )
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--agents", type=int, default=4, help="W-Agent concurrent agents")
+    p.add_argument("--jobs", type=int, default=30, help="standby benchmark: sequential jobs")
+    p.add_argument(
+        "--dispatch",
+        choices=("event", "tick"),
+        default=None,
+        help="override the venue's dispatcher mode",
+    )
+    p.add_argument("--body", type=float, default=None, help="fixed job body length (s)")
+    p.add_argument("--think", type=float, default=None, help="fixed think time (s)")
+    p.add_argument("--pattern", default="steady", choices=("steady", "bursty", "diurnal"))
+    p.add_argument("--rate", type=float, default=0.02, help="session arrivals per second")
+    p.add_argument("--duration", type=float, default=7200.0, help="arrival window (s)")
+    p.add_argument("--envs", type=int, default=1, help="distinct environments (Zipf s=1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--report",
+        metavar="DIR",
+        default=None,
+        help="run the paper reproduction and write Markdown + PNG into DIR",
+    )
+    p.add_argument("--quick", action="store_true", help="--report with fewer repeats")
+    return p  # fmt: skip
+
+
+def _clean(obj: Any) -> Any:
+    """JSON without NaN: ``null`` instead."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "calibrate":
+        from pool_manager.simulator.calibrate import main as calibrate_main
+
+        return calibrate_main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.report is not None:
+        from pool_manager.simulator.report import write_report
+
+        return write_report(args.report, quick=args.quick, seed=args.seed)
+    try:
+        venue = with_dispatch(load_venue(args.venue), args.dispatch)
+        arms = arm_names(args.arms)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not arms or args.repeats < 1:
+        print("error: need at least one arm and one repeat", file=sys.stderr)
+        return 2
+    workload = Workload(
+        args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
+        pattern=args.pattern, rate=args.rate, duration_s=args.duration, envs=args.envs,
+        jobs=args.jobs,
+    )  # fmt: skip
+    results, jobs, wall = run_arms(venue, workload, arms, args.repeats, args.seed)
+    out = _clean(report(venue, workload, results, jobs, wall))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{venue.name} / {workload.name}: {args.repeats} paired repeats, "
+          f"{jobs} jobs in {wall:.2f} s ({out['simulated_jobs_per_s']:.0f} jobs/s)")  # fmt: skip
+    for name, s in out["arms"].items():
+        line = (
+            f"  {name:>12}: makespan {s['makespan_median_s']:.1f} s, start p50 "
+            f"{s['start_p50_s']:.2f} s p90 {s['start_p90_s']:.2f} s, paths {s['paths']}"
+        )
+        for key, eff in s.items():
+            if key.startswith("vs_"):
+                line += f", {eff['speedup']:.2f}x {key}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,305 @@
+"""The discrete-event loop: the broker's control plane in virtual time.
+
+The loop plays the imperative shell around the *same* pure core the broker runs: it calls
+``dispatch_pass`` exactly as ``gateway.dispatcher`` does (queued jobs in order, ``reconcile``
+when the reconcile interval has passed), carries out the returned creates and deletes the way
+``gateway.pods`` does (``add_pod`` before the create, ``pod_ready`` / ``pod_gone`` when the
+venue says so), and releases pods after the venue's reset time as ``gateway.lifecycle`` does.
+No claim, scaling, hold or standby rule lives here; only the venue's timings do.
+
+Events are ``(time, seq, kind, obj)`` tuples in one ``heapq``; the clock is the time of the
+event being handled. Single-threaded, so the tracker gets a no-op lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+from pool_manager.budgets import BudgetLedger
+from pool_manager.dispatch_pass import dispatch_pass
+from pool_manager.model import ClaimRequest, CreatePod, Lease, PodInfo
+from pool_manager.simulator.arms import Arm, build_catalog, env_sku
+from pool_manager.simulator.venue import Venue
+from pool_manager.simulator.workloads import Batch, Program, Spawn, stream
+from pool_manager.tracker import Tracker
+
+_DISPATCH, _READY, _GONE, _DONE, _RELEASE, _WAKE, _TICK = range(7)
+
+
+class Job:
+    __slots__ = ("body", "dispatched", "finished", "first", "id", "path", "pods", "proc",
+                 "req", "submitted")  # fmt: skip
+
+    def __init__(self, req: ClaimRequest, proc: Proc, body: float, now: float) -> None:
+        self.id = req.job_id
+        self.req = req
+        self.proc = proc
+        self.body = body
+        self.submitted = now
+        self.dispatched = self.first = self.finished = -1.0
+        self.path = ""
+        self.pods: tuple[str, ...] = ()
+
+
+class Proc:
+    __slots__ = ("caller", "gen", "pending", "seq")
+
+    def __init__(self, caller: str, gen: Program) -> None:
+        self.caller = caller
+        self.gen = gen
+        self.pending = 0
+        self.seq = 0
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one simulated run measured (raw; ``metrics`` summarises)."""
+
+    jobs: list[Job]
+    start: float
+    end: float
+    """First submission and last completion: the makespan window."""
+    held_units_s: float
+    """Pool units (GPU groups or pods) alive, integrated from create to gone."""
+    peak_busy: int
+    """Most pods assigned or running at once: the always-on pool sized to peak."""
+    pods_created: int
+    events: int
+
+
+class Simulation:
+    """One run: one venue, one arm, one seed, some caller programs."""
+
+    def __init__(self, venue: Venue, arm: Arm, seed: int, envs: int = 1) -> None:
+        self.venue = venue
+        self.arm = arm
+        self.catalog = build_catalog(venue, arm, envs)
+        self.ledger = BudgetLedger(self.catalog.budgets)
+        self.tracker = Tracker(self.catalog, self.ledger, lock=nullcontext())
+        self.rng = stream(seed, "venue")
+        self.skus = [env_sku(venue, arm, e) for e in range(envs)]
+        self.acc = venue.pool.accelerator
+        self.per_unit = max(1, venue.pool.units_per_pod)
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.queue: list[Job] = []
+        self.jobs: list[Job] = []
+        self.live_procs = 0
+        self.live_jobs = 0
+        self.next_reconcile = 0.0
+        self.dispatch_at = float("inf")
+        self.event_mode = venue.dispatch_mode == "event"
+        self.pod_ids = itertools.count()
+        self.job_ids = itertools.count()
+        self.starting = 0
+        self.deleting: set[str] = set()
+        self.card_pods: dict[str, int] = {f"gpu{i}": 0 for i in range(venue.gpus_per_node)}
+        self.pod_card: dict[str, str] = {}
+        self.verified: set[str] = set()
+        self.units = 0
+        self.area = 0.0
+        self.busy = self.peak_busy = 0
+        self.created = 0
+        self.floor_units = sum(s.min_count for s in self.catalog.pools.values())
+
+    # -- programs ------------------------------------------------------------------------
+    def add(self, caller: str, program: Program) -> None:
+        self.live_procs += 1
+        self._step(Proc(caller, program))
+
+    def _push(self, t: float, kind: int, obj: object) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, obj))
+
+    def _step(self, proc: Proc) -> None:
+        gen = proc.gen
+        while True:
+            try:
+                cmd = next(gen)
+            except StopIteration:
+                self.live_procs -= 1
+                return
+            if isinstance(cmd, float | int):
+                self._push(self.now + cmd, _WAKE, proc)
+                return
+            if isinstance(cmd, Batch):
+                self._submit(proc, cmd)
+                return
+            if isinstance(cmd, Spawn):
+                self.add(cmd.caller, cmd.program)
+                continue
+            raise TypeError(f"a caller program yielded {cmd!r}")
+
+    def _submit(self, proc: Proc, batch: Batch) -> None:
+        arm, now, caller = self.arm, self.now, proc.caller
+        sku = self.skus[batch.env]
+        for body in batch.bodies:
+            proc.seq += 1
+            tag = caller if arm.tag == "stable" else f"{caller}/{proc.seq}"
+            req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
+                               single_use=arm.single_use, queued_at=now)  # fmt: skip
+            job = Job(req, proc, body, now)
+            self.queue.append(job)
+            self.jobs.append(job)
+        proc.pending = len(batch.bodies)
+        self.live_jobs += len(batch.bodies)
+        self._wake()
+
+    # -- the dispatcher shell ------------------------------------------------------------
+    def _wake(self) -> None:
+        if self.event_mode:
+            at = self.now + self.venue.accept_s
+            if at < self.dispatch_at:
+                self.dispatch_at = at
+                self._push(at, _DISPATCH, None)
+
+    def _dispatch(self) -> None:
+        now = self.now
+        queue = self.queue
+        reconcile = now >= self.next_reconcile
+        if not queue and not reconcile:
+            return
+        result = dispatch_pass(self.tracker, [j.req for j in queue], now, reconcile)
+        if result.waiting or reconcile:
+            self.next_reconcile = now + self.venue.reconcile_s
+        if result.leases:
+            placed = {lease.job_id: lease for lease in result.leases}
+            rest: list[Job] = []
+            for job in queue:
+                lease = placed.get(job.id)
+                if lease is None:
+                    rest.append(job)
+                else:
+                    self._start(job, lease)
+            self.queue = rest
+        for action in result.actions:
+            if isinstance(action, CreatePod):
+                self._create(action)
+            else:
+                self._delete(action.name, action.reason)
+
+    def _start(self, job: Job, lease: Lease) -> None:
+        now, v, rng = self.now, self.venue, self.rng
+        self.tracker.launched(job.id, now)
+        job.dispatched = now
+        job.path = lease.path
+        job.pods = lease.pods
+        job.first = now + v.dispatch_s + v.handoff.sample(rng) + v.first_instruction.sample(rng)
+        self.busy += len(lease.pods)
+        if self.busy > self.peak_busy:
+            self.peak_busy = self.busy
+        self._push(job.first + job.body, _DONE, job)
+
+    # -- the pod shell -------------------------------------------------------------------
+    def _create(self, action: CreatePod) -> None:
+        name = f"p{next(self.pod_ids)}"
+        spec = self.catalog.pools[action.sku]
+        card = action.gpu
+        if card is None and spec.is_gpu:
+            # The GPU scheduler binds a card in the scheduling phase, before the pod is ready,
+            # so standbys can be staged on it while it starts (Figure 3b).
+            card = next(c for c, n in self.card_pods.items() if n == 0)
+        pod = PodInfo(name=name, sku=action.sku, created=self.now, role=action.role,
+                      gpu=card, template=spec.template)  # fmt: skip
+        self.tracker.add_pod(pod, self.now)
+        if card is not None:
+            self.card_pods[card] += 1
+            self.pod_card[name] = card
+        self.created += 1
+        self.starting += 1
+        self.units = self.ledger.used(self.acc)
+        self._push(self.now + self.venue.start_time(self.rng, self.starting), _READY, name)
+
+    def _ready(self, name: str) -> None:
+        self.starting -= 1
+        if name in self.deleting:
+            return
+        card = self.pod_card.get(name)
+        self.tracker.pod_ready(name, self.now)
+        if card is not None and card not in self.verified:
+            # The exclusivity sweep: a dedicated benchmark node has only our shares.
+            self.verified.add(card)
+            self.tracker.mark_gpu_verified(card, True, self.now)
+        self._wake()
+
+    def _delete(self, name: str, reason: str) -> None:
+        """``dispatch_pass`` already marked the pod RETIRING; the backend delete takes the
+        venue's termination time before the pod (and its GPU or cores) is gone."""
+        if name in self.deleting:
+            return
+        self.deleting.add(name)
+        self._push(self.now + self.venue.termination.sample(self.rng), _GONE, name)
+
+    def _gone(self, name: str) -> None:
+        self.deleting.discard(name)
+        self.tracker.pod_gone(name, self.now)
+        card = self.pod_card.pop(name, None)
+        if card is not None:
+            self.card_pods[card] -= 1
+        self.units = self.ledger.used(self.acc)
+        self._wake()
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, horizon_s: float = 1e9) -> RunResult:
+        heap, pop = self.heap, heapq.heappop
+        tick = self.venue.tick_s if not self.event_mode else self.venue.reconcile_s
+        self._push(self.rng.uniform(0.0, tick), _TICK, None)
+        end = -1.0
+        stop_at = horizon_s
+        events = 0
+        while heap:
+            t, _, kind, obj = pop(heap)
+            if t > stop_at:
+                break
+            self.area += self.units * (t - self.now)
+            self.now = t
+            events += 1
+            if kind == _DONE:
+                job: Job = obj  # type: ignore[assignment]
+                job.finished = t
+                self.live_jobs -= 1
+                proc = job.proc
+                proc.pending -= 1
+                if proc.pending == 0:
+                    self._step(proc)
+                self._push(t + self.venue.reset_s, _RELEASE, job)
+            elif kind == _RELEASE:
+                job = obj  # type: ignore[assignment]
+                self.busy -= len(job.pods)
+                for rel in self.tracker.release(job.id, True, t):
+                    if rel.retire:
+                        self.deleting.add(rel.name)
+                        self._push(t + self.venue.termination.sample(self.rng), _GONE, rel.name)
+                self._wake()
+            elif kind == _DISPATCH:
+                self.dispatch_at = float("inf")
+                self._dispatch()
+            elif kind == _WAKE:
+                self._step(obj)  # type: ignore[arg-type]
+            elif kind == _READY:
+                self._ready(obj)  # type: ignore[arg-type]
+            elif kind == _GONE:
+                self._gone(obj)  # type: ignore[arg-type]
+            else:  # _TICK: the fallback tick (tick mode: the only dispatch trigger)
+                self._dispatch()
+                self._push(t + tick, _TICK, None)
+            if end < 0 and self.live_procs == 0 and self.live_jobs == 0:
+                end = t
+                stop_at = min(stop_at, t + self._drain_s())
+            if end >= 0 and self.units <= self.floor_units * self.per_unit and not self.deleting:
+                break
+        self.now = max(self.now, 0.0)
+        start = min((j.submitted for j in self.jobs), default=0.0)
+        return RunResult(
+            jobs=self.jobs, start=start, end=end if end >= 0 else self.now,
+            held_units_s=self.area / self.per_unit, peak_busy=self.peak_busy,
+            pods_created=self.created, events=events,
+        )  # fmt: skip
+
+    def _drain_s(self) -> float:
+        """After the last job: long enough for every keep-alive and hold to expire."""
+        longest = max(max(s.idle_timeout_s, s.hold_s) for s in self.catalog.pools.values())
+        return longest + 2 * self.venue.reconcile_s + self.venue.termination.p90 * 2

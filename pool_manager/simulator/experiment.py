@@ -1,0 +1,135 @@
+"""Paired repeats of several arms on one venue and workload, summarised as the CLI's JSON.
+
+Repeat ``r`` of every arm uses seed ``seed + r`` for the workload's bodies and pauses, so arms
+are paired (App. B.4). Each simulated run starts from an empty pool, so the Williams crossover
+order the paper needed against carry-over between arms does not arise; arms still run in a
+rotated order per repeat so the report can show it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pool_manager.simulator.arms import Arm
+from pool_manager.simulator.engine import Simulation
+from pool_manager.simulator.metrics import RunMetrics, arm_summary, paired, summarize
+from pool_manager.simulator.venue import Venue
+from pool_manager.simulator.workloads import Program, agent, rl_trainer, sessions, stream, zipf_env
+
+WORKLOADS = ("w-agent", "w-rl", "standby", "sessions", "rl-sessions")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    agents: int = 4
+    body_s: float | None = None
+    """Fixed job body length (Figure 7); ``None``: the paper's ranges."""
+    think_s: float | None = None
+    """Fixed think time between calls and iterations; ``None``: the paper's ranges."""
+    pattern: str = "steady"
+    rate: float = 0.02
+    """Session arrivals per second (``sessions``, ``rl-sessions``)."""
+    duration_s: float = 7200.0
+    envs: int = 1
+    jobs: int = 30
+    """Sequential jobs of the standby benchmark."""
+
+    def programs(self, seed: int) -> list[tuple[str, Program]]:
+        body = None if self.body_s is None else (self.body_s, self.body_s)
+        think = None if self.think_s is None else (self.think_s, self.think_s)
+        akw: dict[str, object] = {}
+        if body is not None:
+            akw["body"] = body
+        if think is not None:
+            akw["think"] = think
+            akw["between"] = think
+        if self.name == "w-agent":
+            return [(f"agent{i}", agent(stream(seed, "agent", i), **akw))  # type: ignore[arg-type]
+                    for i in range(self.agents)]  # fmt: skip
+        if self.name == "w-rl":
+            rkw: dict[str, object] = {} if body is None else {"body": body}
+            if self.think_s:
+                rkw["think_s"] = self.think_s
+            return [("trainer", rl_trainer(stream(seed, "rl"), **rkw))]  # type: ignore[arg-type]
+        if self.name == "standby":
+            return [("caller", agent(stream(seed, "standby"), max_jobs=self.jobs, **akw))]  # type: ignore[arg-type]
+        if self.name in ("sessions", "rl-sessions"):
+            return [("arrivals", sessions(seed, self.pattern, self.rate, self.duration_s,
+                                          self._session, prefix="s"))]  # fmt: skip
+        raise ValueError(f"unknown workload {self.name!r}; known: {', '.join(WORKLOADS)}")
+
+    def _session(self, rng: object, i: int) -> Program:
+        import random
+
+        assert isinstance(rng, random.Random)
+        env = zipf_env(rng, self.envs) if self.envs > 1 else 0
+        if self.name == "rl-sessions":
+            return _with_env(rl_trainer(rng, iterations=4), env)
+        return agent(rng, env=env)
+
+
+def _with_env(program: Program, env: int) -> Program:
+    from pool_manager.simulator.workloads import Batch
+
+    for cmd in program:
+        yield Batch(cmd.bodies, env) if isinstance(cmd, Batch) else cmd
+
+
+@dataclass(slots=True)
+class ArmRuns:
+    arm: Arm
+    runs: list[RunMetrics]
+
+
+def run_once(venue: Venue, arm: Arm, workload: Workload, seed: int) -> tuple[RunMetrics, int]:
+    sim = Simulation(venue, arm, seed, envs=workload.envs)
+    for caller, program in workload.programs(seed):
+        sim.add(caller, program)
+    result = sim.run()
+    return summarize(result), len(result.jobs)
+
+
+def run_arms(
+    venue: Venue, workload: Workload, arms: Sequence[Arm], repeats: int, seed: int = 1
+) -> tuple[list[ArmRuns], int, float]:
+    """Every arm ``repeats`` times; returns the runs, jobs simulated and wall seconds."""
+    out = [ArmRuns(a, []) for a in arms]
+    jobs = 0
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        order = list(range(len(arms)))
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for i in order:
+            metrics, n = run_once(venue, arms[i], workload, seed + r)
+            out[i].runs.append(metrics)
+            jobs += n
+    return out, jobs, time.perf_counter() - t0
+
+
+def report(venue: Venue, workload: Workload, results: Sequence[ArmRuns], jobs: int,
+           wall_s: float) -> dict[str, object]:  # fmt: skip
+    """The ``--json`` object: per arm, and each arm paired against the first."""
+    arms: dict[str, object] = {}
+    ref = results[0]
+    for ar in results:
+        summary = arm_summary(ar.runs)
+        if ar is not ref:
+            summary["vs_" + ref.arm.name] = paired(ref.runs, ar.runs)
+        arms[ar.arm.name] = summary
+    return {
+        "venue": venue.name,
+        "dispatch_mode": venue.dispatch_mode,
+        "workload": workload.name,
+        "agents": workload.agents if workload.name == "w-agent" else None,
+        "arms": arms,
+        "simulated_jobs": jobs,
+        "wall_s": wall_s,
+        "simulated_jobs_per_s": jobs / wall_s if wall_s > 0 else float("inf"),
+    }
+
+
+def with_dispatch(venue: Venue, mode: str | None) -> Venue:
+    return venue if mode is None else replace(venue, dispatch_mode=mode)

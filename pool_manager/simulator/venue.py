@@ -1,0 +1,156 @@
+"""Venue models: the timing of one place pods run, read from a YAML data file.
+
+A venue is everything the control plane does *not* decide: how long a pod takes from create
+to ready (per phase, slowed when many start on one node at once), how long a deleted pod keeps
+its GPU (or cores), what a dispatch, a hand-off and a reset cost, and the benchmark pool it
+serves (cap, standbys per GPU, keep-alive). Every duration is a lognormal fitted to a median
+and a p90 (``{median: m, p90: q}``; ``q == m`` is a constant), so the YAML holds the numbers
+the paper reports (Table 1, C.4) rather than distribution parameters.
+
+Pure data and sampling; the event loop owns the random streams.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pool_manager.catalog import PoolSpec
+
+VENUE_DIR = Path(__file__).resolve().parent / "venues"
+_Z90 = 1.2815515655446004  # standard normal quantile at 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """A lognormal duration given by its median and p90 (seconds)."""
+
+    median: float
+    p90: float
+
+    @property
+    def sigma(self) -> float:
+        if self.p90 <= self.median or self.median <= 0:
+            return 0.0
+        return math.log(self.p90 / self.median) / _Z90
+
+    def sample(self, rng: random.Random) -> float:
+        s = self.sigma
+        if s == 0.0:
+            return self.median
+        return self.median * math.exp(rng.gauss(0.0, s))
+
+    @classmethod
+    def parse(cls, raw: Any) -> Dist:
+        if isinstance(raw, int | float):
+            return cls(float(raw), float(raw))
+        median = float(raw["median"])
+        return cls(median, float(raw.get("p90", median)))
+
+
+@dataclass(frozen=True, slots=True)
+class Venue:
+    """One venue: pod timings, control-plane costs and its benchmark pool."""
+
+    name: str
+    pool: PoolSpec
+    budget: int
+    """Units (GPUs or pods' cores) the pool's accelerator may hold: the cap of B.1."""
+    start_phases: Mapping[str, Dist]
+    """Create -> ready, phase by phase (summed); Table 1 for H200."""
+    start_contention: float = 0.0
+    """Each other pod starting on the node at create time stretches this start by this
+    fraction (Table 1: 8 at once 47.5 s against 19.8 s for one)."""
+    termination: Dist = Dist(1.0, 1.0)
+    """Delete issued -> pod gone and its GPU (cores) free for a new pod."""
+    accept_s: float = 0.04
+    """Submit -> the dispatcher is woken (event-driven mode)."""
+    dispatch_s: float = 0.01
+    """Claim + durable commit of one job."""
+    handoff: Dist = Dist(0.39, 0.5)
+    """Commit -> the agent has the attempt (package, env)."""
+    first_instruction: Dist = Dist(0.12, 0.15)
+    """Agent accepted -> the job's first instruction."""
+    reset_s: float = 0.01
+    """Job ended -> verified reset done, pod released."""
+    dispatch_mode: str = "event"
+    """``event``: passes on submit/release/ready; ``tick``: only every ``tick_s``."""
+    tick_s: float = 3.0
+    reconcile_s: float = 5.0
+    gpus_per_node: int = 8
+    notes: Mapping[str, str] = field(default_factory=dict)
+    """Where each constant came from (calibrated on which figure, measured, or assumed)."""
+
+    @property
+    def sku(self) -> str:
+        return self.pool.sku
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.pool.is_gpu
+
+    def start_time(self, rng: random.Random, concurrent: int) -> float:
+        """One pod's create -> ready with ``concurrent`` pods (itself included) starting."""
+        base = sum(d.sample(rng) for d in self.start_phases.values())
+        return base * (1.0 + self.start_contention * max(0, concurrent - 1))
+
+    def with_pool(self, **knobs: Any) -> Venue:
+        return replace(self, pool=replace(self.pool, **knobs))
+
+    def with_(self, **fields: Any) -> Venue:
+        return replace(self, **fields)
+
+
+_POOL_KEYS = {f for f in PoolSpec.__dataclass_fields__}
+_TOP = {
+    "name", "pool", "budget", "start_phases", "start_contention", "termination", "accept_s",
+    "dispatch_s", "handoff", "first_instruction", "reset_s", "dispatch_mode", "tick_s",
+    "reconcile_s", "gpus_per_node", "notes",
+}  # fmt: skip
+
+
+def venue_from_mapping(data: Mapping[str, Any]) -> Venue:
+    unknown = set(data) - _TOP
+    if unknown:
+        raise ValueError(f"unknown venue key {sorted(unknown)[0]!r}")
+    pool_raw = dict(data["pool"])
+    bad = set(pool_raw) - _POOL_KEYS
+    if bad:
+        raise ValueError(f"unknown pool key {sorted(bad)[0]!r}")
+    pool = PoolSpec(**pool_raw)
+    kw: dict[str, Any] = {"name": str(data["name"]), "pool": pool, "budget": int(data["budget"])}
+    kw["start_phases"] = {str(k): Dist.parse(v) for k, v in data["start_phases"].items()}
+    for key in ("termination", "handoff", "first_instruction"):
+        if key in data:
+            kw[key] = Dist.parse(data[key])
+    for key in ("start_contention", "accept_s", "dispatch_s", "reset_s", "tick_s", "reconcile_s"):
+        if key in data:
+            kw[key] = float(data[key])
+    if "dispatch_mode" in data:
+        if data["dispatch_mode"] not in ("event", "tick"):
+            raise ValueError("dispatch_mode is 'event' or 'tick'")
+        kw["dispatch_mode"] = str(data["dispatch_mode"])
+    if "gpus_per_node" in data:
+        kw["gpus_per_node"] = int(data["gpus_per_node"])
+    kw["notes"] = {str(k): str(v) for k, v in (data.get("notes") or {}).items()}
+    return Venue(**kw)
+
+
+def venue_names() -> list[str]:
+    return sorted(p.stem for p in VENUE_DIR.glob("*.yaml"))
+
+
+def load_venue(name_or_path: str) -> Venue:
+    """A shipped venue by name (``h200``, ``prod-cpu``, ``local``) or a YAML file path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = VENUE_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown venue {name_or_path!r}; shipped: {', '.join(venue_names())}")
+    return venue_from_mapping(yaml.safe_load(path.read_text()))

@@ -1,0 +1,108 @@
+"""The simulator drives the broker's own control plane, deterministically per seed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import pool_manager.simulator.engine as engine
+from pool_manager.simulator.arms import arm_names, parse_arm
+from pool_manager.simulator.cli import main
+from pool_manager.simulator.experiment import Workload, report, run_arms, run_once
+from pool_manager.simulator.venue import load_venue, venue_from_mapping, venue_names
+
+
+def _run(venue: str, workload: Workload, arms: str, repeats: int = 2) -> dict[str, Any]:
+    v = load_venue(venue)
+    results, jobs, wall = run_arms(v, workload, arm_names(arms), repeats, seed=7)
+    out = report(v, workload, results, jobs, wall)
+    out.pop("wall_s")
+    out.pop("simulated_jobs_per_s")
+    return out
+
+
+def test_a_small_simulation_is_deterministic_for_a_seed() -> None:
+    wl = Workload("w-agent", agents=2)
+    first = _run("h200", wl, "reuse-on,reuse-off,fresh")
+    second = _run("h200", wl, "reuse-on,reuse-off,fresh")
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def test_every_dispatch_goes_through_the_shared_dispatcher_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    real = engine.dispatch_pass
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "dispatch_pass", counting)
+    metrics, jobs = run_once(load_venue("prod-cpu"), parse_arm("reuse-on"), Workload("w-rl"), 1)
+    assert jobs == 44 and metrics.jobs == 44
+    assert calls and calls == sorted(calls)  # virtual time only moves forward
+
+
+def test_arms_differ_only_in_how_pods_are_acquired() -> None:
+    cpu = load_venue("prod-cpu")
+    on, _ = run_once(cpu, parse_arm("reuse-on"), Workload("w-agent", agents=2), 3)
+    off, _ = run_once(cpu, parse_arm("reuse-off"), Workload("w-agent", agents=2), 3)
+    fresh, _ = run_once(cpu, parse_arm("fresh"), Workload("w-agent", agents=2), 3)
+    assert on.jobs == off.jobs == fresh.jobs
+    assert on.paths["warm"] > 0 and "recycled" not in on.paths
+    assert off.paths["recycled"] > 0 and "warm" not in off.paths
+    assert set(fresh.paths) == {"single_use"}
+    assert on.makespan_s < off.makespan_s < fresh.makespan_s
+
+
+def test_standbys_take_over_across_reuse_boundaries_on_h200() -> None:
+    h200 = load_venue("h200")
+    on, _ = run_once(h200, parse_arm("standby-on"), Workload("standby", jobs=12), 2)
+    off, _ = run_once(h200, parse_arm("standby-off"), Workload("standby", jobs=12), 2)
+    assert on.handovers_standby > 0 and off.handovers_standby == 0
+    assert on.makespan_s < off.makespan_s
+
+
+def test_the_gpu_cap_is_never_exceeded() -> None:
+    h200 = load_venue("h200")
+    sim = engine.Simulation(h200, parse_arm("reuse-off"), 5)
+    peak = 0
+    real = sim._create
+
+    def create(action: Any) -> None:
+        nonlocal peak
+        real(action)
+        peak = max(peak, sum(1 for n in sim.card_pods.values() if n))
+
+    sim._create = create  # type: ignore[method-assign]
+    for caller, program in Workload("w-agent", agents=4).programs(5):
+        sim.add(caller, program)
+    sim.run()
+    assert 0 < peak <= h200.budget
+
+
+def test_shipped_venues_load_and_unknown_keys_are_rejected() -> None:
+    assert {"local", "prod-cpu", "h200"} <= set(venue_names())
+    assert load_venue("h200").pool.standbys_per_active == 3
+    assert load_venue("prod-cpu").pool.max_count == 16
+    with pytest.raises(ValueError, match="colour"):
+        venue_from_mapping({"name": "x", "budget": 1, "pool": {"sku": "x"},
+                            "start_phases": {}, "colour": 1})  # fmt: skip
+    with pytest.raises(ValueError, match="unknown arm"):
+        parse_arm("reuse-sometimes")
+
+
+def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["--venue", "h200", "--workload", "standby", "--jobs", "8",
+               "--arms", "standby-on,standby-off", "--repeats", "2", "--json"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    arm = out["arms"]["standby-on"]
+    for key in ("makespan_median_s", "start_p50_s", "start_p90_s", "paths", "held_pod_s",
+                "handover_wait_median_s", "handovers_by_standby_frac"):  # fmt: skip
+        assert key in arm
+    assert out["simulated_jobs_per_s"] > 0
+    assert main(["--arms", "nope", "--repeats", "1"]) == 2
