@@ -44,14 +44,18 @@ class _UnixConnection(http.client.HTTPConnection):
 class AgentProcess:
     """One ``python -m pod_runtime.agent`` process and a tiny blocking JSON client."""
 
-    def __init__(self, pod_dir: Path, *extra: str, sandbox: bool = False) -> None:
+    def __init__(
+        self, pod_dir: Path, *extra: str, sandbox: bool = False, network: bool = True
+    ) -> None:
         self.pod_dir = pod_dir
         self.socket = pod_dir / "agent.sock"
         self.name = f"{pod_dir.name}-{uuid.uuid4().hex[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         listen = f"unix:{self.socket}"
         if sandbox:
-            base = agent_command(pod_name=self.name, pod_dir=pod_dir, listen=listen, sandbox=True)
+            base = agent_command(
+                pod_name=self.name, pod_dir=pod_dir, listen=listen, sandbox=True, network=network
+            )
         else:
             base = [
                 sys.executable,
@@ -145,8 +149,12 @@ def agent_factory(
 ) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
-    def start(*extra: str, name: str = "pod", sandbox: bool = False) -> AgentProcess:
-        agent = AgentProcess(tmp_path_factory.mktemp(name), *extra, sandbox=sandbox)
+    def start(
+        *extra: str, name: str = "pod", sandbox: bool = False, network: bool = True
+    ) -> AgentProcess:
+        agent = AgentProcess(
+            tmp_path_factory.mktemp(name), *extra, sandbox=sandbox, network=network
+        )
         started.append(agent)
         return agent
 

@@ -1,0 +1,138 @@
+"""The local sandbox (bubblewrap) and warm starts from the zygote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pod_runtime.cgroups import pod_cgroup_dir
+from pod_runtime.launch import agent_command, sandbox_status
+from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
+
+JOBS = """
+import os, signal, socket
+
+def dot(n):
+    import numpy
+    a = numpy.arange(n, dtype=float)
+    return float(a @ a)
+
+def kill_zygote(x):
+    os.kill(os.getppid(), signal.SIGKILL)
+    return "killed"
+
+def pids(x):
+    return {"pid": os.getpid(), "ppid": os.getppid()}
+
+def connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+
+def write_root(x):
+    try:
+        open("/usr/firepool-escape", "w").write("x")
+        return "wrote"
+    except OSError as exc:
+        return type(exc).__name__
+"""
+
+
+def _package(agent: AgentProcess) -> dict[str, str]:
+    url, digest = make_zip(agent.pod_dir / "jobs.zip", {"sbjobs.py": JOBS})
+    return {"url": url, "digest": digest}
+
+
+def test_the_sandbox_argv_keeps_pods_alive_beyond_the_broker(tmp_path: Path) -> None:
+    ok, why = sandbox_status()
+    assert ok, why
+    argv = agent_command(pod_name="p", pod_dir=tmp_path, listen="unix:/x", network=False)
+    assert "--die-with-parent" not in argv
+    for flag in ("--unshare-pid", "--unshare-ipc", "--new-session", "--unshare-net"):
+        assert flag in argv
+    assert "--sandboxed" in argv
+    plain = agent_command(pod_name="p", pod_dir=tmp_path, listen="unix:/x", sandbox=False)
+    assert "bwrap" not in " ".join(plain) and "--sandboxed" not in plain
+
+
+def test_jobs_fork_from_a_zygote_with_preloaded_numpy(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    agent = agent_factory("--preload", "numpy", name="zyg")
+    pkg = _package(agent)
+    result = agent.run(
+        {"attempt_id": "np-1:1", "package": pkg, "entrypoint": "sbjobs:dot", "input": 1000}
+    )
+    assert result["output"] == float(sum(i * i for i in range(1000)))
+    killed = agent.run({"attempt_id": "zk-1:1", "package": pkg, "entrypoint": "sbjobs:kill_zygote"})
+    assert killed["state"] == "succeeded"
+    assert agent.reset()["clean"] is True
+    again = agent.run(
+        {"attempt_id": "np-2:1", "package": pkg, "entrypoint": "sbjobs:dot", "input": 10}
+    )
+    assert again["output"] == 285.0  # a new zygote was started for it
+
+
+def test_a_sandboxed_pod_sees_a_read_only_root_and_no_network_when_asked(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = listener.getsockname()[1]
+        closed = agent_factory(name="nonet", sandbox=True, network=False)
+        assert "--unshare-net" in closed.argv
+        health = closed.call("GET", "/healthz")[1]
+        assert health["sandboxed"] is True and health["network"] is False
+        pkg = _package(closed)
+        result = closed.run(
+            {"attempt_id": "ro-1:1", "package": pkg, "entrypoint": "sbjobs:write_root"}
+        )
+        assert result["output"] in ("OSError", "PermissionError")
+        assert not Path("/usr/firepool-escape").exists()
+        cut_off = closed.run(
+            {"attempt_id": "net-0:1", "package": pkg, "entrypoint": "sbjobs:connect", "input": port}
+        )
+        assert cut_off["output"] != "connected"
+        open_pod = agent_factory(name="net", sandbox=True)
+        reached = open_pod.run(
+            {
+                "attempt_id": "net-1:1",
+                "package": _package(open_pod),
+                "entrypoint": "sbjobs:connect",
+                "input": port,
+            }
+        )
+        assert reached["output"] == "connected"
+    finally:
+        listener.close()
+
+
+def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    agent = agent_factory(name="term", sandbox=True)
+    pkg = _package(agent)
+    assert (
+        agent.call(
+            "POST",
+            "/attempts",
+            {"attempt_id": "t-1:1", "package": pkg, "entrypoint": "sbjobs:pids"},
+        )[0]
+        == 202
+    )
+    cgroup = pod_cgroup_dir(agent.name)
+    assert cgroup is not None, "this host has a writable cgroup v2"
+    members = [int(p) for p in (cgroup / "agent" / "cgroup.procs").read_text().split()]
+    assert len(members) >= 3  # shell, bwrap, its init, the agent, the zygote
+    os.killpg(agent.proc.pid, signal.SIGTERM)
+    agent.proc.wait(10)
+    deadline = time.monotonic() + 5
+    while any(proc_alive(p) for p in members) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(proc_alive(p) for p in members)
