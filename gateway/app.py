@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from functions.errors import FirepoolError, InvalidRequest, NotFound, PackageRejected
+from functions.errors import Expired, FirepoolError, InvalidRequest, NotFound, PackageRejected
 from functions.spec import FunctionSpec
 from gateway.auth import Principal, Role
 from gateway.broker import Broker, request_digest
@@ -189,6 +189,8 @@ async def _visible_job(request: Request) -> tuple[Broker, Principal, Any]:
     job = await broker.get_job(request.path_params["job_id"])
     if job is None or (job.caller != principal.caller and not principal.is_admin):
         raise NotFound(f"no job {request.path_params['job_id']}")
+    if job.output_expired:
+        raise Expired(f"job {job.id} ended {job.state}; its output and logs passed retention")
     return broker, principal, job
 
 

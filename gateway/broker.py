@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import secrets
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ from gateway.package_check import check_package_file
 from gateway.pods import PodManager
 from gateway.recovery import recover
 from gateway.settings import Settings
-from gateway.store import JobStore, open_store
+from gateway.store import JobStore, StoreSettings, open_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.local import LocalBackend
 from pool_manager.catalog import Catalog
@@ -40,9 +41,13 @@ from pool_manager.tracker import Tracker
 log = logging.getLogger("firepool.broker")
 
 
+_ids = random.Random(secrets.randbits(128))
+
+
 def new_job_id() -> str:
-    """Time-ordered, unguessable: 12 hex digits of milliseconds + 12 random hex digits."""
-    return f"{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+    """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
+    (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
+    return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
 
 
 class Broker:
@@ -71,6 +76,7 @@ class Broker:
         self.store: JobStore | None = None
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
         self.counters: Counter[str] = Counter()
@@ -87,7 +93,13 @@ class Broker:
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        self.store = await open_store(self.settings.resolved_store_url)
+        self.store = await open_store(
+            self.settings.resolved_store_url,
+            settings=StoreSettings(
+                result_retention_s=self.settings.result_retention_s,
+                idempotency_retention_s=self.settings.idempotency_retention_s,
+            ),
+        )
         t_store = time.monotonic()
         pods = PodManager(
             self.backend,
@@ -116,7 +128,9 @@ class Broker:
         self.counters = self._dispatcher.counters
         await recover(self)
         t_recovered = time.monotonic()
-        self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
+        loop = asyncio.get_running_loop()
+        self._loop_task = loop.create_task(self.dispatcher.run())
+        self._sweep_task = loop.create_task(self._retention_sweeps())
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -126,6 +140,19 @@ class Broker:
             t_store - t0,
             t_recovered - t_store,
         )
+
+    async def _retention_sweeps(self) -> None:
+        """Expire outputs past the result retention, and delete their logs."""
+        while True:
+            await asyncio.sleep(self.settings.retention_sweep_s)
+            try:
+                while expired := await self.jobs.expire(self.clock()):
+                    for job_id in expired:
+                        self.logs.path(job_id).unlink(missing_ok=True)
+                    if len(expired) < 1000:
+                        break
+            except Exception:
+                log.exception("retention sweep failed")
 
     def _wake(self) -> None:
         if self._dispatcher is not None:
@@ -138,6 +165,9 @@ class Broker:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._sweep_task is not None:
+            self._sweep_task.cancel()
+            await asyncio.gather(self._sweep_task, return_exceptions=True)
         if self._dispatcher is not None:
             await self.pods.drain()
         await self.agents.close()

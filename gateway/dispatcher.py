@@ -23,12 +23,13 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from functions.errors import RETRYABLE, ErrorClass
+from functions.errors import ErrorClass
 from functions.spec import FunctionSpec
 from gateway.executor import Executor, Outcome
 from gateway.jobs import Attempt, Job
 from gateway.lifecycle import PodRecycler
 from gateway.pods import PodManager
+from gateway.retry_policy import decide
 from gateway.store import JobStore, StaleRevision
 from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.model import ClaimRequest, Lease
@@ -255,12 +256,16 @@ class Dispatcher:
         error_class = (outcome.error or {}).get("class")
         revision = job.revision
         cancelled = outcome.state == "cancelled" or job.id in self._cancel_requested
+        ran_user_code = None if outcome.lost_pods else outcome.first_instruction is not None
         retry = (
             not cancelled
             and outcome.state != "succeeded"
-            and error_class is not None
-            and ErrorClass(error_class) in RETRYABLE
-            and job.retries < job.max_retries
+            and decide(
+                error_class,
+                ran_user_code=ran_user_code,
+                retries=job.retries,
+                max_retries=job.max_retries,
+            ).retry
         )
         if outcome.first_instruction is not None and job.first_instruction is None:
             job.first_instruction = outcome.first_instruction

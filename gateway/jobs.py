@@ -82,6 +82,8 @@ class Job:
     finished: float | None = None
     idempotency_key: str | None = None
     request_hash: str | None = None
+    output_expired: bool = False
+    """The result-retention period passed: the output (and logs) are gone."""
 
     def next_attempt_id(self) -> str:
         """Attempt ids are ``<job-id>:<n>``, n counting every launch, so a re-queued attempt
@@ -100,6 +102,7 @@ class Job:
             "queue": self.queue,
             "priority": self.priority,
             "output": self.output,
+            "output_expired": self.output_expired,
             "error": self.error,
             "retries": self.retries,
             "attempts": [a.to_json() for a in self.attempts],

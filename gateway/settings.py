@@ -42,6 +42,13 @@ class Settings:
     """A pod whose agent does not answer within this is deleted."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available, False = never."""
+    result_retention_s: float = 7 * 86400.0
+    """How long a finished job keeps its output and logs (FIREPOOL_RESULT_RETENTION_S); after
+    it the job answers ``Expired``."""
+    idempotency_retention_s: float = 86400.0
+    """How long an Idempotency-Key deduplicates (FIREPOOL_IDEMPOTENCY_RETENTION_S)."""
+    retention_sweep_s: float = 60.0
+    """How often outputs past the store's result retention are expired (and logs deleted)."""
     drain_s: float = 10.0
     """On shutdown: stop intake, wait this long for running jobs, then cancel."""
     max_body_bytes: int = 512 * 1024 * 1024
@@ -66,5 +73,8 @@ class Settings:
             store_url=env.get("FIREPOOL_STORE_URL") or None,
             catalog_path=Path(env["FIREPOOL_CATALOG"]) if env.get("FIREPOOL_CATALOG") else None,
             public_url=env.get("FIREPOOL_PUBLIC_URL") or None,
+            result_retention_s=float(env.get("FIREPOOL_RESULT_RETENTION_S", 7 * 86400.0)),
+            idempotency_retention_s=float(env.get("FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0)),
+            retention_sweep_s=float(env.get("FIREPOOL_RETENTION_SWEEP_S", 60.0)),
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

@@ -10,7 +10,6 @@ JSON field; ``input`` is always present (``"null"`` for a JSON null input).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +18,6 @@ import orjson
 from functions.spec import FunctionSpec
 from gateway.jobs import Attempt, Job
 from pool_manager.states import JobState
-
-#: Whether ``Job`` carries ``output_expired`` (the API answers ``Expired`` for such outputs);
-#: the column exists either way, and the flag is filled in once the model has the field.
-JOB_HAS_EXPIRY_FLAG = "output_expired" in {f.name for f in dataclasses.fields(Job)}
 
 #: Columns an ``update`` may change; every other job column is fixed at submit.
 MUTABLE_JOB_COLUMNS: tuple[str, ...] = (
@@ -121,9 +116,8 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         finished=row["finished"],
         idempotency_key=row["idempotency_key"],
         request_hash=row["request_hash"],
+        output_expired=bool(row["output_expired"]),
     )
-    if JOB_HAS_EXPIRY_FLAG:
-        setattr(job, "output_expired", bool(row["output_expired"]))  # noqa: B010
     return job
 
 

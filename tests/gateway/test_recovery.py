@@ -91,3 +91,36 @@ def test_owner_holds_survive_a_restart(crashy: list[BrokerServer]) -> None:
     assert again["acquisition"]["path"] == "warm"
     assert again["attempts"][0]["pods"] == first["attempts"][0]["pods"]
     assert other["attempts"][0]["pods"] != first["attempts"][0]["pods"]
+
+
+def test_outputs_and_logs_expire_after_the_retention_with_an_Expired_answer(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "retention"
+    server = start_broker(
+        home,
+        CATALOG,
+        extra_env={"FIREPOOL_RESULT_RETENTION_S": "0.5", "FIREPOOL_RETENTION_SWEEP_S": "0.2"},
+    )
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty")
+        with server.client("forgetful") as fp:
+            job = fp.invoke("chatty", 1)
+            assert job["state"] == "SUCCEEDED"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                resp = fp._http.get(f"/v1/jobs/{job['id']}")
+                if resp.status_code == 410:
+                    break
+                time.sleep(0.1)
+            assert resp.status_code == 410
+            assert resp.json()["error"]["class"] == "Expired"
+            assert fp._http.get(f"/v1/jobs/{job['id']}/logs").status_code == 410
+            listed = {j["id"]: j for j in fp.jobs()}
+            assert listed[job["id"]]["output_expired"] is True
+            assert listed[job["id"]]["output"] is None
+        assert not (home / "logs" / f"{job['id']}.log").exists()
+    finally:
+        server.stop()
+        kill_pods(home)
