@@ -12,8 +12,9 @@ until deletion. While it is closed the group's idle pods are parked, out of ever
 bucket, so the check costs nothing on the claim path.
 
 *Exclusivity* is verified per GPU by a periodic sweep (every share on the card belongs to
-this group). It fails closed: unknown, a non-exclusive report, or any GPU after a restart
-means no standby promotion until the sweep says otherwise.
+this group). It fails closed: unknown, a non-exclusive report, any GPU after a restart, or
+a card whose group emptied (someone else may be placed there) means no standby promotion
+until the sweep says otherwise.
 
 Memory: two plain dicts (``_cards``: GPU -> member names, ``_gates``: GPU -> holder, closed
 gates only) instead of an object per GPU: the tracker holds 100,000 pods.
@@ -105,6 +106,7 @@ class GpuGates(PodIndex):
             return
         del self._cards[gpu]
         self._gates.pop(gpu, None)
+        self._exclusive.pop(gpu, None)  # an empty card may be shared next: verify again
         if release:
             self.ledger.release(spec.accelerator, spec.units_per_pod)
 

@@ -102,9 +102,17 @@ class Tracker(ClaimPolicy):
             self._pods[pod.name] = pod
             self._join_group_locked(pod, reserved=reserved)
             if pod.state is _IDLE:
-                if pod.owner is None and pod.released_at is None:
-                    pod.released_at = now
+                self._settle_idle_locked(pod, now)
                 self._index_locked(pod)
+
+    def _settle_idle_locked(self, pod: PodInfo, now: float) -> None:
+        """Fill in the times of an idle pod found (not made) idle: when it went idle and,
+        for a used one, when its owner hold ends (a hold that never ends would never
+        retire)."""
+        if pod.released_at is None:
+            pod.released_at = now
+        if pod.owner is not None and pod.hold_until is None:
+            pod.hold_until = pod.released_at + self._holds[pod.sku]
 
     def pod_ready(self, name: str, now: float, gpu: str | None = None) -> None:
         """STARTING -> IDLE: the agent answered. ``gpu``: the card the backend placed it on,
@@ -151,6 +159,8 @@ class Tracker(ClaimPolicy):
                 over = self._over_limit_locked(req, spec)
                 if over is not None:
                     return _MISSES[over]
+            if req.job_id in self._jobs:
+                raise ValueError(f"job {req.job_id!r} already holds a lease")
             if req.pods != 1 or req.single_use:
                 return self._claim_many_locked(req, now)
             sku, caller = req.sku, req.caller
@@ -197,6 +207,8 @@ class Tracker(ClaimPolicy):
     def _claim_many_locked(self, req: ClaimRequest, now: float) -> Lease | Miss:
         """Gangs and single-use jobs: N pods on distinct physical GPUs, all or nothing."""
         spec = self._specs[req.sku]
+        if req.pods < 1:
+            raise ValueError(f"job {req.job_id!r} asks for {req.pods} pods")
         picked = self._pick_many_locked(req, spec.tag_mode == "hint")
         if picked is None:
             return _MISSES["gang_unplaceable" if req.pods > 1 else "no_idle_pod"]
@@ -436,8 +448,7 @@ class Tracker(ClaimPolicy):
                     self._count_locked(req.caller, n, n * gpus_per_pod(self._specs[first.sku]))
             for pod in kept:
                 if pod.state is _IDLE:
-                    if pod.owner is None and pod.released_at is None:
-                        pod.released_at = now
+                    self._settle_idle_locked(pod, now)
                     self._index_locked(pod)
         return orphans
 

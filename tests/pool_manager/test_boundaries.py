@@ -159,3 +159,25 @@ def test_unclaim_after_launch_is_rejected() -> None:
     t.launched(got.job_id, 1.0)
     with pytest.raises(IllegalTransition):
         t.unclaim(got.job_id, 1.0)
+
+
+def test_a_found_held_pod_gets_a_hold_that_ends() -> None:
+    from pool_manager.model import PodInfo
+
+    t = make_tracker(make_spec(caller_hold_s=30.0))
+    t.add_pod(
+        PodInfo("p", "cpu", 0.0, state=PodState.IDLE, owner="alice", released_at=5.0),
+        10.0,
+        reserved=False,
+    )
+    assert [d.name for d in t.expire(35.0)] == ["p"]
+
+
+def test_a_job_cannot_hold_two_leases() -> None:
+    t = make_tracker()
+    add_ready(t)
+    add_ready(t)
+    job = make_request("alice")
+    lease(t, job)
+    with pytest.raises(ValueError):
+        t.claim(job, 2.0)

@@ -150,3 +150,11 @@ def test_a_pod_placed_on_a_known_gpu_at_readiness_joins_its_group() -> None:
     t.pod_ready("b", 1.0, gpu="G0")
     assert ledger.used("h200") == 1
     assert state_of(t, "b") is PodState.IDLE
+
+
+def test_a_card_whose_group_emptied_must_be_verified_again() -> None:
+    t = gpu_tracker()
+    group(t)
+    for name in ("active", "standby0"):
+        t.pod_gone(name, 1.0)
+    assert not t.gpu_verified("G0")
