@@ -119,6 +119,7 @@ class Agent:
             blobs=self.blobs,
             deps=deps,
             nvml=self.nvml,
+            cgroups=cgroups,
         )
         if self.settings.role == "active" and self.settings.gpu_uuids:
             await asyncio.to_thread(lambda: self.nvml.available)

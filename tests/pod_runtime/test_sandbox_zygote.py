@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pod_runtime.cgroups import pod_cgroup_dir
+from pod_runtime.cgroups import pod_cgroup_dir, v2_mount
 from pod_runtime.launch import agent_command, sandbox_status
 from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
 
@@ -35,6 +35,9 @@ def connect(port):
     except OSError as exc:
         return type(exc).__name__
 
+def cgroup(x):
+    return open("/proc/self/cgroup").read().strip().splitlines()[-1]
+
 def write_root(x):
     try:
         open("/usr/firepool-escape", "w").write("x")
@@ -42,6 +45,8 @@ def write_root(x):
     except OSError as exc:
         return type(exc).__name__
 """
+
+V2_ROOT = v2_mount() or Path("/sys/fs/cgroup")
 
 
 def _package(agent: AgentProcess) -> dict[str, str]:
@@ -111,6 +116,22 @@ def test_a_sandboxed_pod_sees_a_read_only_root_and_no_network_when_asked(
         assert reached["output"] == "connected"
     finally:
         listener.close()
+
+
+def test_each_job_runs_in_its_own_cgroup_removed_by_reset(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    agent = agent_factory(name="cg", sandbox=True)
+    assert "cgroup v2" in agent.call("GET", "/healthz")[1]["cgroups"]
+    pod_cgroup = pod_cgroup_dir(agent.name)
+    assert pod_cgroup is not None
+    pkg = _package(agent)
+    result = agent.run({"attempt_id": "cg-1:1", "package": pkg, "entrypoint": "sbjobs:cgroup"})
+    assert result["output"].startswith(f"0::/{pod_cgroup.relative_to(V2_ROOT)}/job-")
+    job_cgroups = [p for p in pod_cgroup.iterdir() if p.name.startswith("job-")]
+    assert len(job_cgroups) == 1
+    assert agent.reset()["clean"] is True
+    assert not job_cgroups[0].exists()
 
 
 def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
