@@ -31,7 +31,7 @@ from typing import Any
 from pool_manager.budgets import BudgetLedger
 from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.model import ClaimRequest, PodInfo
-from pool_manager.states import PodState
+from pool_manager.states import PodState, TransitionLog
 
 Bucket = dict[str, PodInfo]
 """A claim bucket: pod name -> pod, insertion ordered (the value saves a lookup on claim)."""
@@ -66,9 +66,11 @@ def gpus_per_pod(spec: PoolSpec) -> int:
 class PodIndex:
     """State of the tracker; see the module docstring for its invariants."""
 
-    def __init__(self, catalog: Catalog, ledger: BudgetLedger) -> None:
+    def __init__(self, catalog: Catalog, ledger: BudgetLedger, history: int) -> None:
         self.catalog = catalog
         self.ledger = ledger
+        self.log = TransitionLog(history)
+        """Recent pod transitions of every pod (bounded): "why is this pod here?"."""
         self._specs: dict[str, PoolSpec] = dict(catalog.pools)
         self._holds: dict[str, float] = {sku: spec.hold_s for sku, spec in self._specs.items()}
         self._limited = catalog.has_limits

@@ -26,7 +26,6 @@ from typing import Any
 
 from pool_manager.budgets import BudgetLedger
 from pool_manager.catalog import Catalog
-from pool_manager.claim_policy import ClaimPolicy
 from pool_manager.model import (
     PATH_ORDER,
     Action,
@@ -39,13 +38,13 @@ from pool_manager.model import (
     PodRelease,
 )
 from pool_manager.pod_index import add, gpus_per_pod
+from pool_manager.recovery import Recovery
 from pool_manager.scaler import plan
 from pool_manager.snapshot import PoolSnapshot, build_snapshot
 from pool_manager.states import (
     POD_TRANSITIONS,
     IllegalTransition,
     PodState,
-    TransitionLog,
     transition,
 )
 
@@ -62,7 +61,7 @@ _MISSES = {
 }  # fmt: skip
 
 
-class Tracker(ClaimPolicy):
+class Tracker(Recovery):
     """In-memory pod index and the claim policy. See the module docstring for the rules."""
 
     def __init__(
@@ -76,11 +75,11 @@ class Tracker(ClaimPolicy):
         """``ledger``: the per-accelerator ledger the scaler reserves in and ``pod_gone``
         releases to; pass the broker's one ledger (default: a new one from the catalog).
         ``history``: pod transitions kept in ``log`` (all pods together)."""
-        super().__init__(catalog, ledger if ledger is not None else BudgetLedger(catalog.budgets))
+        super().__init__(
+            catalog, ledger if ledger is not None else BudgetLedger(catalog.budgets), history
+        )
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._reconcile_lock = threading.Lock()
-        self.log = TransitionLog(history)
-        """Recent pod transitions (bounded): ``history(name)`` answers "why is it here?"."""
 
     # -- pods appear, become ready, vanish -------------------------------------------------
     def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> None:
@@ -104,15 +103,6 @@ class Tracker(ClaimPolicy):
             if pod.state is _IDLE:
                 self._settle_idle_locked(pod, now)
                 self._index_locked(pod)
-
-    def _settle_idle_locked(self, pod: PodInfo, now: float) -> None:
-        """Fill in the times of an idle pod found (not made) idle: when it went idle and,
-        for a used one, when its owner hold ends (a hold that never ends would never
-        retire)."""
-        if pod.released_at is None:
-            pod.released_at = now
-        if pod.owner is not None and pod.hold_until is None:
-            pod.hold_until = pod.released_at + self._holds[pod.sku]
 
     def pod_ready(self, name: str, now: float, gpu: str | None = None) -> None:
         """STARTING -> IDLE: the agent answered. ``gpu``: the card the backend placed it on,
@@ -397,60 +387,10 @@ class Tracker(ClaimPolicy):
 
     # -- restart and the exclusivity sweep -------------------------------------------------
     def restore(self, pods: Iterable[PodInfo], now: float) -> list[DeletePod]:
-        """Rebuild everything from the backend's pods after a restart (paper A.1).
-
-        Pod fields come from labels and annotations: state, GPU, role, owner, tag, queue,
-        release time and hold, and ``job_id`` for RUNNING pods (recovery then re-attaches or
-        releases those jobs; ``owner``/``queue``/``tag`` of a running pod name its job's
-        caller, as ``launched`` records them). An ASSIGNED pod never ran user code (its job
-        never committed): it comes back IDLE as it was. The ledger is rebuilt with
-        one reservation per group. Every GPU starts unverified: no standby promotion until
-        ``mark_gpu_verified``. A retiring pod keeps its GPU's gate closed until it is gone.
-        Returns deletes for pods this catalog cannot track.
-        """
-        orphans: list[DeletePod] = []
+        """Rebuild everything from the backend's pods after a restart (``recovery``).
+        Returns deletes for pods this catalog cannot track."""
         with self._lock:
-            self._clear_locked()
-            self.ledger.clear()
-            self.log.clear()
-            jobs: dict[str, list[PodInfo]] = {}
-            kept: list[PodInfo] = []
-            for src in pods:
-                if src.sku not in self._specs or src.name in self._pods:
-                    orphans.append(DeletePod(src.name, "unknown_pod"))
-                    continue
-                if src.state is PodState.DELETED:
-                    continue
-                pod = replace(src)
-                if pod.state is _ASSIGNED:  # claimed, never committed: no user code ran
-                    transition(pod, _IDLE, "restored_unlaunched", now, _T, self.log, pod.name)
-                    pod.job_id, pod.retire_after, pod.single_use = None, False, False
-                elif pod.state is _RUNNING:
-                    if pod.job_id is None:
-                        why = "restored_without_job"
-                        transition(pod, _RETIRING, why, now, _T, self.log, pod.name)
-                    else:
-                        jobs.setdefault(pod.job_id, []).append(pod)
-                else:
-                    pod.job_id = None
-                self._pods[pod.name] = pod
-                self._join_group_locked(pod, reserved=False)
-                kept.append(pod)
-            for job_id, members in jobs.items():
-                first = members[0]
-                req = ClaimRequest(
-                    job_id, first.owner or "", first.sku, first.tag, first.queue or "default",
-                    len(members),
-                )  # fmt: skip
-                self._jobs[job_id] = (req, tuple(p.name for p in members), ())
-                if self._limited:
-                    n = len(members)
-                    self._count_locked(req.caller, n, n * gpus_per_pod(self._specs[first.sku]))
-            for pod in kept:
-                if pod.state is _IDLE:
-                    self._settle_idle_locked(pod, now)
-                    self._index_locked(pod)
-        return orphans
+            return self._restore_locked(pods, now)
 
     def mark_gpu_verified(self, gpu: str, exclusive: bool, now: float) -> None:
         """The sweep read the card's usage: ``exclusive`` iff every share on it belongs to
