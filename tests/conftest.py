@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
@@ -14,7 +20,55 @@ from gateway.harness import BrokerServer, kill_pods, start_broker
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
 
-__all__ = ["BrokerServer", "deploy_examples"]
+__all__ = ["BrokerServer", "deploy_examples", "scratch_database"]
+
+# -- MySQL: tests read FIREPOOL_TEST_MYSQL_URL (a server URL; its database part is ignored) and
+# skip with a visible reason without it; with FIREPOOL_REQUIRE_MYSQL=1 (CI) they fail instead.
+# Each run creates and drops its own databases ``firepool_t_<random>``.
+MYSQL_ENV = "FIREPOOL_TEST_MYSQL_URL"
+REQUIRE_ENV = "FIREPOOL_REQUIRE_MYSQL"
+
+
+@pytest.fixture(scope="session")
+def mysql_server_url() -> str:
+    url = os.environ.get(MYSQL_ENV)
+    if not url:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {MYSQL_ENV} is not set")
+        pytest.skip(f"MySQL contract tests need {MYSQL_ENV} (e.g. mysql+pymysql://root@host/db)")
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but MySQL at {MYSQL_ENV} is unreachable: {exc}")
+        pytest.skip(f"MySQL at {MYSQL_ENV} is unreachable: {exc}")
+    finally:
+        engine.dispose()
+    return url
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A new empty database ``firepool_t_<random>`` on the server, dropped afterwards."""
+    name = f"firepool_t_{secrets.token_hex(6)}"
+    engine = create_engine(server_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        engine.dispose()
+
+
+@pytest.fixture
+def mysql_url(mysql_server_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    with scratch_database(mysql_server_url) as url:
+        yield url
 
 
 def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:

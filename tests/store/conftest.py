@@ -9,8 +9,6 @@ concurrent runs never collide.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,57 +16,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from functions.spec import FunctionSpec
 from gateway.jobs import Job
 from gateway.store import JobStore, migrate, open_store
-
-MYSQL_ENV = "FIREPOOL_TEST_MYSQL_URL"
-REQUIRE_ENV = "FIREPOOL_REQUIRE_MYSQL"
-
-
-@pytest.fixture(scope="session")
-def mysql_server_url() -> str:
-    url = os.environ.get(MYSQL_ENV)
-    if not url:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {MYSQL_ENV} is not set")
-        pytest.skip(f"MySQL contract tests need {MYSQL_ENV} (e.g. mysql+pymysql://root@host/db)")
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-    except Exception as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but MySQL at {MYSQL_ENV} is unreachable: {exc}")
-        pytest.skip(f"MySQL at {MYSQL_ENV} is unreachable: {exc}")
-    finally:
-        engine.dispose()
-    return url
-
-
-@contextlib.contextmanager
-def scratch_database(server_url: str) -> Iterator[str]:
-    """A new empty database ``firepool_t_<random>`` on the server, dropped afterwards."""
-    name = f"firepool_t_{secrets.token_hex(6)}"
-    engine = create_engine(server_url, poolclass=NullPool)
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-        engine.dispose()
-
-
-@pytest.fixture
-def mysql_url(mysql_server_url: str) -> Iterator[str]:
-    """A fresh, empty database on the test server, dropped afterwards."""
-    with scratch_database(mysql_server_url) as url:
-        yield url
+from tests.conftest import scratch_database
 
 
 @pytest.fixture(scope="session")
