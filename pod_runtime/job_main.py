@@ -9,7 +9,7 @@ Runs either in a child forked from the zygote (``run_forked``) or as a fresh int
 3. record ``first_instruction`` (the wall time just before user code) in its own file,
 4. entrypoint mode: import ``mod``, call ``fn(input)``, await a coroutine, write
    ``{"ok": true, "output": ...}`` or ``{"ok": false, "type", "message", "traceback"}`` to the
-   result file (atomic rename) and ``os._exit`` (0 or 1) without running interpreter teardown;
+   result file and ``os._exit`` (0 or 1) without running interpreter teardown;
    command mode: ``execvpe`` the argv (the agent reads ``$FIREPOOL_OUTPUT_FILE`` after exit).
 
 Nothing here may import CUDA or touch the agent's sockets; the config is plain JSON.
@@ -34,11 +34,10 @@ TRACEBACK_LINES = 40
 TRACEBACK_CHARS = 8000
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as out:
+def _write(path: str, data: bytes) -> None:
+    """No rename needed: the agent reads these files only after the process has exited."""
+    with open(path, "wb") as out:
         out.write(data)
-    os.replace(tmp, path)
 
 
 def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
@@ -59,8 +58,12 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
         os.dup2(log_fd, 2)
         os.closerange(3, 1 << 16)
         sys.argv = [cfg.get("entrypoint") or cfg["command"][0]]
-    os.environ.clear()
-    os.environ.update(cfg["env"])
+    env = cfg["env"]
+    for name in [k for k in os.environ if k not in env]:  # a diff: most of it is unchanged
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     os.chdir(cfg["pkg_dir"])
     for extra in reversed([cfg["pkg_dir"], *cfg.get("sys_path", [])]):
         sys.path.insert(0, extra)
@@ -71,7 +74,7 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
 
 
 def _mark_first_instruction(cfg: dict[str, Any]) -> None:
-    _write_atomic(cfg["first_instruction"], repr(time.time()).encode())
+    _write(cfg["first_instruction"], repr(time.time()).encode())
 
 
 def _flush_and_exit(code: int) -> NoReturn:
@@ -131,7 +134,7 @@ def _run(cfg: dict[str, Any], *, forked: bool) -> NoReturn:
                 _flush_and_exit(127)
         result = _call_entrypoint(cfg)
         data = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
-        _write_atomic(cfg["result"], data)
+        _write(cfg["result"], data)
         code = 0 if result["ok"] else 1
     except BaseException:
         with contextlib.suppress(Exception):

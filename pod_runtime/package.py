@@ -21,12 +21,18 @@ from pathlib import Path
 
 import aiohttp
 
-from functions.errors import PackageRejected
+from functions.errors import PackageRejected, Unavailable
 from pod_runtime.protocol import BlobRef
 
 CHUNK = 1 << 20
 FETCH_TIMEOUT_S = 300.0
+FETCH_RETRY_S = 30.0
+"""How long transport failures are retried before the attempt fails as ``Unavailable``."""
 KEEP_BLOBS = 16
+
+
+class _Transient(Exception):
+    """A fetch failure that may well succeed when tried again."""
 
 
 class BlobCache:
@@ -85,6 +91,22 @@ class BlobCache:
         return hasher.hexdigest()
 
     async def _download(self, url: str, tmp: Path) -> str:
+        """Stream ``url`` to ``tmp``; return its sha256. A transport failure or a 5xx (the
+        package server restarting, say) is retried with backoff for ``FETCH_RETRY_S`` and then
+        reported as ``Unavailable`` (retryable: no user code ran); an answer that can never
+        succeed (4xx, too large) is ``PackageRejected`` at once."""
+        delay = 0.05
+        deadline = asyncio.get_running_loop().time() + FETCH_RETRY_S
+        while True:
+            try:
+                return await self._download_once(url, tmp)
+            except _Transient as exc:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise Unavailable(f"fetching the package failed: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _download_once(self, url: str, tmp: Path) -> str:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
@@ -93,6 +115,8 @@ class BlobCache:
         size = 0
         try:
             async with self._session.get(url) as resp:
+                if resp.status >= 500:
+                    raise _Transient(f"HTTP {resp.status}")
                 if resp.status != 200:
                     raise PackageRejected(f"fetching the package answered HTTP {resp.status}")
                 if (resp.content_length or 0) > self.max_bytes:
@@ -104,8 +128,8 @@ class BlobCache:
                             raise PackageRejected(f"package exceeds {self.max_bytes} bytes")
                         hasher.update(chunk)
                         out.write(chunk)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PackageRejected(f"fetching the package failed: {exc!r}") from exc
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            raise _Transient(repr(exc)) from exc
         return hasher.hexdigest()
 
     def _evict(self) -> None:
