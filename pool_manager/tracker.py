@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 from typing import Any
 
 from pool_manager.budgets import BudgetLedger
@@ -40,7 +41,7 @@ from pool_manager.model import (
 from pool_manager.pod_index import add, gpus_per_pod
 from pool_manager.recovery import Recovery
 from pool_manager.scaler import plan
-from pool_manager.snapshot import PoolSnapshot, build_snapshot
+from pool_manager.snapshot import PoolSnapshot, build_snapshot, row_of
 from pool_manager.states import (
     POD_TRANSITIONS,
     IllegalTransition,
@@ -53,6 +54,7 @@ _ASSIGNED = PodState.ASSIGNED
 _RUNNING = PodState.RUNNING
 _RETIRING = PodState.RETIRING
 _T = POD_TRANSITIONS
+_pod_fields = attrgetter(*(f.name for f in fields(PodInfo)))
 _new_lease = _new_release = tuple.__new__  # NamedTuple construction without the Python shim
 _MISSES = {
     r: Miss(r)
@@ -406,9 +408,11 @@ class Tracker(Recovery):
             return None if pod is None else replace(pod)
 
     def pods(self) -> list[PodInfo]:
-        """Copies of every pod, for /v1/pools and persistence."""
+        """Copies of every pod, for /v1/pools and persistence (fields copied under the lock,
+        objects built after it)."""
         with self._lock:
-            return [replace(p) for p in self._pods.values()]
+            rows = list(map(_pod_fields, self._pods.values()))
+        return [PodInfo(*row) for row in rows]
 
     def history(self, name: str) -> list[tuple[float, str, str, str]]:
         """``(now, old, new, reason)`` of the pod's transitions still in the log."""
@@ -426,6 +430,8 @@ class Tracker(Recovery):
             return self._exclusive.get(gpu, False)
 
     def snapshot(self, now: float) -> PoolSnapshot:
-        """Group counts per pool for the scaler (O(pods), taken under the lock)."""
+        """Group counts per pool for the scaler: rows copied under the lock, classified
+        after it is released."""
         with self._lock:
-            return build_snapshot(self._pods.values(), self._specs, now)
+            rows = list(map(row_of, self._pods.values()))
+        return build_snapshot(rows, self._specs, now)
