@@ -5,8 +5,10 @@ owner, tag, queue, release time and hold, the job a running pod serves); the job
 authoritative for jobs, and the broker's recovery re-attaches, releases or re-queues each
 RUNNING job against what this rebuilt. Rules:
 
-* a RUNNING pod with a ``job_id`` is a live lease again, its caller the pod's ``owner``
-  (``launched`` records it); a RUNNING pod without one retires;
+* a RUNNING pod with a ``job_id`` is a live lease again. Its caller, queue and tag come from
+  the job store's request when the recovery passes it (``jobs``), else from the pod's
+  annotations (``launched`` records them; step 4 is best-effort, so the store wins). A
+  RUNNING pod without a job retires;
 * an ASSIGNED pod never ran user code (its job never committed): it comes back IDLE as it
   was (same owner, tag and hold);
 * the ledger is rebuilt with one reservation per group (even past a budget: it must match
@@ -18,7 +20,7 @@ Concurrency: helpers of ``Tracker``; its lock is held.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from pool_manager.claim_policy import ClaimPolicy
@@ -40,12 +42,14 @@ class Recovery(ClaimPolicy):
         if pod.owner is not None and pod.hold_until is None:
             pod.hold_until = pod.released_at + self._holds[pod.sku]
 
-    def _restore_locked(self, pods: Iterable[PodInfo], now: float) -> list[DeletePod]:
+    def _restore_locked(
+        self, pods: Iterable[PodInfo], now: float, jobs: Mapping[str, ClaimRequest]
+    ) -> list[DeletePod]:
         self._clear_locked()
         self.ledger.clear()
         self.log.clear()
         orphans: list[DeletePod] = []
-        jobs: dict[str, list[PodInfo]] = {}
+        leased: dict[str, list[PodInfo]] = {}
         kept: list[PodInfo] = []
         for src in pods:
             if src.sku not in self._specs or src.name in self._pods:
@@ -62,18 +66,20 @@ class Recovery(ClaimPolicy):
                     why = "restored_without_job"
                     transition(pod, PodState.RETIRING, why, now, _T, self.log, pod.name)
                 else:
-                    jobs.setdefault(pod.job_id, []).append(pod)
+                    leased.setdefault(pod.job_id, []).append(pod)
             else:
                 pod.job_id = None
             self._pods[pod.name] = pod
             self._join_group_locked(pod, reserved=False)
             kept.append(pod)
-        for job_id, members in jobs.items():
+        for job_id, members in leased.items():
             first = members[0]
-            req = ClaimRequest(
+            req = jobs.get(job_id) or ClaimRequest(
                 job_id, first.owner or "", first.sku, first.tag, first.queue or "default",
                 len(members),
             )  # fmt: skip
+            for pod in members:  # the store's record of the job wins over a stale annotation
+                pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
             self._jobs[job_id] = (req, tuple(p.name for p in members), ())
             if self._limited:
                 n = len(members)

@@ -19,7 +19,7 @@ taken while ``_lock`` is held), so two passes never plan the same create or dele
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import fields, replace
 from operator import attrgetter
@@ -388,11 +388,17 @@ class Tracker(Recovery):
             return actions
 
     # -- restart and the exclusivity sweep -------------------------------------------------
-    def restore(self, pods: Iterable[PodInfo], now: float) -> list[DeletePod]:
+    def restore(
+        self,
+        pods: Iterable[PodInfo],
+        now: float,
+        jobs: Mapping[str, ClaimRequest] | None = None,
+    ) -> list[DeletePod]:
         """Rebuild everything from the backend's pods after a restart (``recovery``).
-        Returns deletes for pods this catalog cannot track."""
+        ``jobs``: the store's RUNNING jobs by id, whose caller, queue and tag win over the
+        pods' annotations. Returns deletes for pods this catalog cannot track."""
         with self._lock:
-            return self._restore_locked(pods, now)
+            return self._restore_locked(pods, now, jobs or {})
 
     def mark_gpu_verified(self, gpu: str, exclusive: bool, now: float) -> None:
         """The sweep read the card's usage: ``exclusive`` iff every share on it belongs to

@@ -84,3 +84,12 @@ def test_pods_of_unknown_pools_are_returned_for_deletion() -> None:
     t = make_tracker()
     orphans = t.restore([PodInfo("x", "tpu", 0.0, state=PodState.IDLE)], 1.0)
     assert [(d.name, d.reason) for d in orphans] == [("x", "unknown_pod")]
+
+
+def test_the_job_stores_caller_wins_over_a_missing_annotation() -> None:
+    t = make_tracker()
+    pod = PodInfo("p", "cpu", 0.0, state=PodState.RUNNING, job_id="j1")  # annotation lost
+    req = make_request("alice", tag="s", job_id="j1")
+    t.restore([pod], 10.0, jobs={"j1": req})
+    t.release("j1", True, 11.0)
+    assert lease(t, make_request("alice", tag="s"), now=12.0).path == "warm"
