@@ -82,6 +82,7 @@ class Agent:
         self.runner: Runner | None = None
         self.blobs: BlobCache | None = None
         self.cgroups_note = ""
+        self.cgroups: JobCgroups | None = None
 
     async def _gpu_check(self) -> str | None:
         return await self.nvml.check_after_reset(self.settings.gpu_uuids)
@@ -111,7 +112,7 @@ class Agent:
                 python=self.settings.python, preload=self.settings.preload, reaper=self.reaper
             )
             await self.zygote.start()
-            await self.zygote.prefork()
+        self.cgroups = cgroups
         self.runner = Runner(
             self.settings,
             reaper=self.reaper,
@@ -121,8 +122,15 @@ class Agent:
             nvml=self.nvml,
             cgroups=cgroups,
         )
+        await self._prefork()
         if self.settings.role == "active" and self.settings.gpu_uuids:
             await asyncio.to_thread(lambda: self.nvml.available)
+
+    async def _prefork(self) -> None:
+        """While idle: the next job's cgroup and a spare child already inside it."""
+        if self.zygote is not None:
+            cgroup = self.cgroups.prepare() if self.cgroups is not None else None
+            await self.zygote.prefork(cgroup)
 
     async def stop(self) -> None:
         if self.current is not None and self.runner is not None:
@@ -250,8 +258,7 @@ class Agent:
             report = await self.resetter.reset(self.runner.scope(), wipe=wipe)
             if report.clean:
                 self.runner.job_sessions.clear()
-                if self.zygote is not None:
-                    await self.zygote.prefork()
+                await self._prefork()
         return respond(report.to_json())
 
     def app(self) -> web.Application:

@@ -90,6 +90,7 @@ class JobCgroups:
         self.enabled = set((pod / "cgroup.subtree_control").read_text().split())
         self.can_kill = (pod / "cgroup.kill").exists()
         self.current: Path | None = None
+        self.prepared: Path | None = None
         self._prefix = f"job-{secrets.token_hex(4)}-"
         self._seq = 0
 
@@ -127,8 +128,7 @@ class JobCgroups:
             f"cgroup.kill: {self.can_kill})"
         )
 
-    def new_job(self, attempt_id: str) -> str | None:
-        """Create the next job cgroup; return its ``cgroup.procs`` path for the job to join."""
+    def _create(self) -> Path | None:
         self._seq += 1
         path = self.pod / f"{self._prefix}{self._seq}"
         try:
@@ -141,12 +141,32 @@ class JobCgroups:
                 _write(path / "memory.max", str(self.limits.memory_max))
         if "pids" in self.enabled and self.limits.pids_max:
             _write(path / "pids.max", str(self.limits.pids_max))
+        return path
+
+    def prepare(self) -> str | None:
+        """Create the next job's cgroup ahead of time (while idle) so the zygote's spare can
+        join it early: moving a task between cgroups waits for an RCU grace period, which
+        takes milliseconds on an idle machine. Reset leaves the prepared cgroup alone."""
+        if self.prepared is None:
+            self.prepared = self._create()
+        return str(self.prepared / "cgroup.procs") if self.prepared is not None else None
+
+    def new_job(self, attempt_id: str) -> str | None:
+        """The job's cgroup (the prepared one, else a new one); return its ``cgroup.procs``."""
+        path, self.prepared = self.prepared, None
+        if path is None:
+            path = self._create()
         self.current = path
-        return str(path / "cgroup.procs")
+        return str(path / "cgroup.procs") if path is not None else None
 
     def _jobs(self) -> list[Path]:
+        """Job cgroups, except the prepared one (it holds only the zygote's spare)."""
         try:
-            return [p for p in self.pod.iterdir() if p.name.startswith(self._prefix)]
+            return [
+                p
+                for p in self.pod.iterdir()
+                if p.name.startswith(self._prefix) and p != self.prepared
+            ]
         except OSError:
             return []
 

@@ -188,12 +188,14 @@ class ZygoteClient:
         """The zygote and its spare: never job processes, never killed by a reset."""
         return {p for p in (self.pid, self.spare_pid) if p is not None}
 
-    async def prefork(self) -> None:
-        """Ask for a spare child while idle (after a clean reset); does not wait for it."""
+    async def prefork(self, cgroup_procs: str | None) -> None:
+        """Ask for a spare child while idle (after a clean reset), placed in the next job's
+        cgroup when there is one; does not wait for it."""
         async with self._lock:
             if self.pid is None or self._writer is None or self._writer.is_closing():
                 return
-            self._writer.write(b'{"op":"prefork"}\n')
+            self._writer.write(orjson.dumps({"op": "prefork", "cgroup_procs": cgroup_procs}))
+            self._writer.write(b"\n")
             await self._writer.drain()
 
     async def spawn(self, cfg: dict[str, Any]) -> int:

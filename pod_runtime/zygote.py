@@ -85,6 +85,7 @@ class Zygote:
     def __init__(self) -> None:
         self.jobs: set[int] = set()
         self.spare: tuple[int, int] | None = None
+        self.spare_cgroup: str | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -106,8 +107,12 @@ class Zygote:
                 self.jobs.discard(pid)
                 _send({"event": "exit", "pid": pid, "status": status})
 
-    def _await_config(self, cfg_r: int) -> None:
-        """In a spare child: drop the zygote's descriptors, wait for a config, run it."""
+    def _await_config(self, cfg_r: int, cgroup_procs: str | None) -> None:
+        """In a spare child: join the next job's cgroup, drop the zygote's descriptors,
+        pre-fault, wait for a config, run it."""
+        if cgroup_procs:
+            with contextlib.suppress(OSError), open(cgroup_procs, "w") as procs:
+                procs.write(str(os.getpid()))
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
@@ -123,22 +128,25 @@ class Zygote:
             os._exit(0)
         run_forked(orjson.loads(b"".join(chunks)))
 
-    def prefork(self) -> None:
+    def prefork(self, cgroup_procs: str | None) -> None:
         if self.spare is not None:
             _send({"event": "preforked", "pid": self.spare[0]})
             return
         cfg_r, cfg_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self._await_config(cfg_r)
+            self._await_config(cfg_r, cgroup_procs)
         os.close(cfg_r)
         self.spare = (pid, cfg_w)
+        self.spare_cgroup = cgroup_procs
         _send({"event": "preforked", "pid": pid})
 
     def spawn(self, cfg: dict[str, Any]) -> None:
         if self.spare is not None:
             pid, cfg_w = self.spare
             self.spare = None
+            if cfg.get("cgroup_procs") == self.spare_cgroup:
+                cfg = {**cfg, "cgroup_procs": None}  # already there
             data = orjson.dumps(cfg)
             try:
                 while data:
@@ -177,7 +185,7 @@ class Zygote:
                     if request.get("op") == "spawn":
                         self.spawn(request["cfg"])
                     elif request.get("op") == "prefork":
-                        self.prefork()
+                        self.prefork(request.get("cgroup_procs"))
             self.reap()
 
 

@@ -132,6 +132,13 @@ def test_each_job_runs_in_its_own_cgroup_removed_by_reset(
     assert len(job_cgroups) == 1
     assert agent.reset()["clean"] is True
     assert not job_cgroups[0].exists()
+    # The next job's cgroup and a spare child inside it are prepared while idle; a reset
+    # with no job in between leaves them alone and stays clean.
+    assert agent.reset()["clean"] is True
+    again = agent.run({"attempt_id": "cg-2:1", "package": pkg, "entrypoint": "sbjobs:cgroup"})
+    assert again["output"].startswith(f"0::/{pod_cgroup.relative_to(V2_ROOT)}/job-")
+    assert again["output"] != result["output"]
+    assert agent.reset()["clean"] is True
 
 
 def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
