@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -9,6 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from pod_runtime import launch
 from pod_runtime.cgroups import pod_cgroup_dir, v2_mount
 from pod_runtime.launch import agent_command, sandbox_status
 from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
@@ -164,3 +168,26 @@ def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
     while any(proc_alive(p) for p in members) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not any(proc_alive(p) for p in members)
+
+
+def test_without_bubblewrap_pods_run_plain_after_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    real_which = launch.shutil.which
+    monkeypatch.setattr(
+        launch.shutil, "which", lambda name: None if name == "bwrap" else real_which(name)
+    )
+    monkeypatch.setattr(launch, "_warned", False)
+    launch.sandbox_status.cache_clear()
+    try:
+        ok, why = launch.sandbox_status()
+        assert not ok and "not installed" in why
+        with caplog.at_level(logging.WARNING, logger="pod_runtime.launch"):
+            first = launch.agent_command(pod_name="a", pod_dir=tmp_path, listen="unix:/x")
+            launch.agent_command(pod_name="b", pod_dir=tmp_path, listen="unix:/x")
+        assert "--sandboxed" not in first and not any("bwrap" in a for a in first)
+        assert [r.message for r in caplog.records].count(f"pods are not sandboxed: {why}") == 1
+        with pytest.raises(RuntimeError):
+            launch.agent_command(pod_name="c", pod_dir=tmp_path, listen="unix:/x", sandbox=True)
+    finally:
+        launch.sandbox_status.cache_clear()
