@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pool_manager.catalog import CallerLimits, Catalog, PoolSpec
-from pool_manager.model import ClaimRequest, CreatePod, Lease, PodInfo
+from pool_manager.model import ClaimRequest, CreatePod, DeletePod, Lease, PodInfo
 from pool_manager.states import PodState
 from pool_manager.tracker import Tracker
 
@@ -83,8 +83,8 @@ class ControlPlane(RuleBasedStateMachine):
             before = {p.name: p for p in self.t.pods()}
             got = self.t.claim(req, self.now)
             if not isinstance(got, Lease):
-                after = {p.name: (p.state, p.owner, p.role) for p in self.t.pods()}
-                assert after == {n: (p.state, p.owner, p.role) for n, p in before.items()}
+                missed = {p.name: (p.state, p.owner, p.role) for p in self.t.pods()}
+                assert missed == {n: (p.state, p.owner, p.role) for n, p in before.items()}
                 waiting.append(req)
                 continue
             self.check_lease(req, got, before)
@@ -150,7 +150,9 @@ class ControlPlane(RuleBasedStateMachine):
         before = self.t.snapshot(self.now)
         cards = {p.name: (p.sku, card(p)) for p in self.t.pods()}
         actions = self.t.reconcile(list(self.queue), self.now)
-        removed = {cards[a.name] for a in actions if getattr(a, "reason", "") == "scale_down"}
+        removed = {
+            cards[a.name] for a in actions if isinstance(a, DeletePod) and a.reason == "scale_down"
+        }
         for sku, view in before.pools.items():
             gone = sum(1 for pool, _ in removed if pool == sku)
             assert gone <= max(0, view.physical - view.spec.min_count), "below the floor"
