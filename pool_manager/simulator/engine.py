@@ -104,6 +104,9 @@ class Simulation:
         self.area = 0.0
         self.busy = self.peak_busy = 0
         self.created = 0
+        self.ticking = False
+        self.slots_per_card = 1 + venue.pool.standbys_per_active
+        self.pending: dict[str, list[str]] = {}
         self.floor_units = sum(s.min_count for s in self.catalog.pools.values())
 
     # -- programs ------------------------------------------------------------------------
@@ -134,10 +137,12 @@ class Simulation:
             raise TypeError(f"a caller program yielded {cmd!r}")
 
     def _submit(self, proc: Proc, batch: Batch) -> None:
-        arm, now, caller = self.arm, self.now, proc.caller
+        arm, now = self.arm, self.now
         sku = self.skus[batch.env]
-        for body in batch.bodies:
+        slots = batch.slots
+        for i, body in enumerate(batch.bodies):
             proc.seq += 1
+            caller = f"{proc.caller}/{slots[i]}" if slots else proc.caller
             tag = caller if arm.tag == "stable" else f"{caller}/{proc.seq}"
             req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
                                single_use=arm.single_use, queued_at=now)  # fmt: skip
@@ -209,8 +214,16 @@ class Simulation:
             self.card_pods[card] += 1
             self.pod_card[name] = card
         self.created += 1
-        self.starting += 1
         self.units = self.ledger.used(self.acc)
+        if card is not None and self.card_pods[card] > self.slots_per_card:
+            # Every share on the card is taken, terminating pods included: the GPU scheduler
+            # keeps this pod pending until one of them is gone.
+            self.pending.setdefault(card, []).append(name)
+            return
+        self._begin_start(name)
+
+    def _begin_start(self, name: str) -> None:
+        self.starting += 1
         self._push(self.now + self.venue.start_time(self.rng, self.starting), _READY, name)
 
     def _ready(self, name: str) -> None:
@@ -239,14 +252,30 @@ class Simulation:
         card = self.pod_card.pop(name, None)
         if card is not None:
             self.card_pods[card] -= 1
+            waiting = self.pending.get(card)
+            if waiting:
+                self._begin_start(waiting.pop(0))
         self.units = self.ledger.used(self.acc)
         self._wake()
 
     # -- the loop ------------------------------------------------------------------------
-    def run(self, horizon_s: float = 1e9) -> RunResult:
+    def warm_up(self, programs: list[tuple[str, Program]]) -> None:
+        """Run ``programs`` (the previous repeat) until every job is done, then forget what
+        they measured: the next programs start on the pool they left (warm pods, holds)."""
+        for caller, program in programs:
+            self.add(caller, program)
+        self.run(until_idle=True)
+        self.jobs = []
+        self.area = 0.0
+        self.peak_busy = self.busy
+        self.created = 0
+
+    def run(self, horizon_s: float = 1e9, until_idle: bool = False) -> RunResult:
         heap, pop = self.heap, heapq.heappop
         tick = self.venue.tick_s if not self.event_mode else self.venue.reconcile_s
-        self._push(self.rng.uniform(0.0, tick), _TICK, None)
+        if not self.ticking:
+            self.ticking = True
+            self._push(self.now + self.rng.uniform(0.0, tick), _TICK, None)
         end = -1.0
         stop_at = horizon_s
         events = 0
@@ -288,6 +317,8 @@ class Simulation:
                 self._push(t + tick, _TICK, None)
             if end < 0 and self.live_procs == 0 and self.live_jobs == 0:
                 end = t
+                if until_idle:
+                    break
                 stop_at = min(stop_at, t + self._drain_s())
             if end >= 0 and self.units <= self.floor_units * self.per_unit and not self.deleting:
                 break

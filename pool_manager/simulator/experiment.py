@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pool_manager.simulator.arms import Arm
 from pool_manager.simulator.engine import Simulation
@@ -36,6 +37,12 @@ class Workload:
     envs: int = 1
     jobs: int = 30
     """Sequential jobs of the standby benchmark."""
+    callers: int = 8
+    """Distinct callers the sessions of ``sessions`` / ``rl-sessions`` belong to."""
+    warm_start: bool = False
+    """Start each repeat on the pool the previous repeat left (same callers, a pause of
+    ``gap_s``), as back-to-back repeats on a benchmark pool do; otherwise an empty pool."""
+    gap_s: float = 10.0
 
     def programs(self, seed: int) -> list[tuple[str, Program]]:
         body = None if self.body_s is None else (self.body_s, self.body_s)
@@ -57,8 +64,11 @@ class Workload:
         if self.name == "standby":
             return [("caller", agent(stream(seed, "standby"), max_jobs=self.jobs, **akw))]  # type: ignore[arg-type]
         if self.name in ("sessions", "rl-sessions"):
-            return [("arrivals", sessions(seed, self.pattern, self.rate, self.duration_s,
-                                          self._session, prefix="s"))]  # fmt: skip
+            arrivals = sessions(
+                seed, self.pattern, self.rate, self.duration_s, self._session,
+                prefix="s", callers=self.callers,
+            )  # fmt: skip
+            return [("arrivals", arrivals)]
         raise ValueError(f"unknown workload {self.name!r}; known: {', '.join(WORKLOADS)}")
 
     def _session(self, rng: object, i: int) -> Program:
@@ -71,11 +81,16 @@ class Workload:
         return agent(rng, env=env)
 
 
+def _after(delay: float, program: Program) -> Program:
+    yield delay
+    yield from program
+
+
 def _with_env(program: Program, env: int) -> Program:
     from pool_manager.simulator.workloads import Batch
 
     for cmd in program:
-        yield Batch(cmd.bodies, env) if isinstance(cmd, Batch) else cmd
+        yield Batch(cmd.bodies, env, cmd.slots) if isinstance(cmd, Batch) else cmd
 
 
 @dataclass(slots=True)
@@ -86,8 +101,13 @@ class ArmRuns:
 
 def run_once(venue: Venue, arm: Arm, workload: Workload, seed: int) -> tuple[RunMetrics, int]:
     sim = Simulation(venue, arm, seed, envs=workload.envs)
-    for caller, program in workload.programs(seed):
-        sim.add(caller, program)
+    if workload.warm_start:
+        sim.warm_up(workload.programs(seed + 100_003))
+        for caller, program in workload.programs(seed):
+            sim.add(caller, _after(workload.gap_s, program))
+    else:
+        for caller, program in workload.programs(seed):
+            sim.add(caller, program)
     result = sim.run()
     return summarize(result), len(result.jobs)
 
@@ -110,9 +130,9 @@ def run_arms(
 
 
 def report(venue: Venue, workload: Workload, results: Sequence[ArmRuns], jobs: int,
-           wall_s: float) -> dict[str, object]:  # fmt: skip
+           wall_s: float) -> dict[str, Any]:  # fmt: skip
     """The ``--json`` object: per arm, and each arm paired against the first."""
-    arms: dict[str, object] = {}
+    arms: dict[str, Any] = {}
     ref = results[0]
     for ar in results:
         summary = arm_summary(ar.runs)

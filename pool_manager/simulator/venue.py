@@ -67,6 +67,9 @@ class Venue:
     start_contention: float = 0.0
     """Each other pod starting on the node at create time stretches this start by this
     fraction (Table 1: 8 at once 47.5 s against 19.8 s for one)."""
+    tenant_wait: Dist = Dist(0.0, 0.0)
+    """Extra create -> ready wait for node capacity beside other tenants' load (added once per
+    pod, not stretched by contention); 0 on a dedicated node."""
     termination: Dist = Dist(1.0, 1.0)
     """Delete issued -> pod gone and its GPU (cores) free for a new pod."""
     accept_s: float = 0.04
@@ -98,7 +101,8 @@ class Venue:
     def start_time(self, rng: random.Random, concurrent: int) -> float:
         """One pod's create -> ready with ``concurrent`` pods (itself included) starting."""
         base = sum(d.sample(rng) for d in self.start_phases.values())
-        return base * (1.0 + self.start_contention * max(0, concurrent - 1))
+        stretch = 1.0 + self.start_contention * max(0, concurrent - 1)
+        return base * stretch + self.tenant_wait.sample(rng)
 
     def with_pool(self, **knobs: Any) -> Venue:
         return replace(self, pool=replace(self.pool, **knobs))
@@ -110,6 +114,7 @@ class Venue:
 _POOL_KEYS = {f for f in PoolSpec.__dataclass_fields__}
 _TOP = {
     "name", "pool", "budget", "start_phases", "start_contention", "termination", "accept_s",
+    "tenant_wait",
     "dispatch_s", "handoff", "first_instruction", "reset_s", "dispatch_mode", "tick_s",
     "reconcile_s", "gpus_per_node", "notes",
 }  # fmt: skip
@@ -126,7 +131,7 @@ def venue_from_mapping(data: Mapping[str, Any]) -> Venue:
     pool = PoolSpec(**pool_raw)
     kw: dict[str, Any] = {"name": str(data["name"]), "pool": pool, "budget": int(data["budget"])}
     kw["start_phases"] = {str(k): Dist.parse(v) for k, v in data["start_phases"].items()}
-    for key in ("termination", "handoff", "first_instruction"):
+    for key in ("termination", "handoff", "first_instruction", "tenant_wait"):
         if key in data:
             kw[key] = Dist.parse(data[key])
     for key in ("start_contention", "accept_s", "dispatch_s", "reset_s", "tick_s", "reconcile_s"):

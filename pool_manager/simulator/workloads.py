@@ -26,6 +26,9 @@ class Batch:
     bodies: tuple[float, ...]
     env: int = 0
     """Environment (image) of these jobs; only the fragmentation study uses more than one."""
+    slots: tuple[str, ...] = ()
+    """Per job, the sub-caller that submits it (``<program's caller>/<slot>``); empty: the
+    program's caller submits every job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +53,18 @@ def rl_trainer(
     evals: int = 2,
     body: tuple[float, float] = (1.5, 4.0),
     think_s: float = 0.0,
+    env: int = 0,
+    per_slot: bool = False,
 ) -> Program:
-    """W-RL: per iteration, ``rollouts`` parallel jobs, barrier, ``evals``, barrier, one update."""
+    """W-RL: per iteration, ``rollouts`` parallel jobs, barrier, ``evals``, barrier, one update.
+
+    One trainer submits every job; ``per_slot`` makes each slot (rollout worker ``k``,
+    evaluator ``k``, the updater) its own caller instead."""
     lo, hi = body
     for it in range(iterations):
-        for n in (rollouts, evals, 1):
-            yield Batch(tuple(rng.uniform(lo, hi) for _ in range(n)))
+        for stage, n in (("rollout", rollouts), ("eval", evals), ("update", 1)):
+            slots = tuple(f"{stage}{k}" for k in range(n)) if per_slot else ()
+            yield Batch(tuple(rng.uniform(lo, hi) for _ in range(n)), env, slots)
         if think_s and it < iterations - 1:
             yield think_s
 
@@ -111,8 +120,11 @@ def sessions(
     make: Callable[[random.Random, int], Program],
     peak_factor: float = 3.4,
     prefix: str = "s",
+    callers: int = 8,
 ) -> Program:
-    """Spawn sessions as a non-homogeneous Poisson process (thinning), each its own caller."""
+    """Spawn sessions as a non-homogeneous Poisson process (thinning). Session ``i`` belongs
+    to caller ``i mod callers``: a fixed population of agents and trainers, each starting a
+    session now and then (owner holds partition idle pods by caller, App. D)."""
     rng = stream(seed, "arrivals", pattern)
     lam = rate_fn(pattern, rate)
     top = rate * max(peak_factor, 1.9)
@@ -125,7 +137,7 @@ def sessions(
         t += gap
         yield gap
         if rng.random() * top <= lam(t):
-            yield Spawn(f"{prefix}{i}", make(stream(seed, prefix, i), i))
+            yield Spawn(f"{prefix}{i % callers}", make(stream(seed, prefix, i), i))
             i += 1
 
 

@@ -1,0 +1,131 @@
+"""The paper's simulated sweeps: held capacity (C.1, Figure 6b), loop speedup against job
+length and think time (Figure 7) and environment fragmentation (Figure 5, C.5).
+
+Each study returns plain rows (dicts) that the report writer tabulates and plots. Sizes are
+parameters so tests can run tiny versions; the defaults are what ``--report`` runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pool_manager.simulator.arms import parse_arm
+from pool_manager.simulator.experiment import Workload, run_once, with_dispatch
+from pool_manager.simulator.metrics import RunMetrics, median, pct
+from pool_manager.simulator.venue import Venue, load_venue
+
+WARM_PATHS = frozenset({"warm", "recycled", "idle", "standby"})
+
+
+def quiet_cpu(budget: int = 64) -> Venue:
+    """Production CPU pod start (22 s cached, no tenant wait) with a larger budget, as the
+    paper's frontier and fragmentation simulations used."""
+    v = load_venue("prod-cpu")
+    return v.with_(budget=budget, pool=replace(v.pool, max_count=budget, step=budget))
+
+
+def _delta_p50(m: RunMetrics, warm_p50: float) -> float:
+    return pct(m.starts, 50) - warm_p50
+
+
+def _warm_p50(v: Venue) -> float:
+    return v.accept_s + v.dispatch_s + v.handoff.median + v.first_instruction.median
+
+
+# -- C.1 / Figure 6b ------------------------------------------------------------------------
+def frontier(
+    arms: Sequence[str] = ("ka15", "ka60", "ka120", "ka300", "ka900", "fresh"),
+    patterns: Sequence[str] = ("steady", "bursty", "diurnal"),
+    seeds: int = 3,
+    rate: float = 0.12,
+    duration_s: float = 3600.0,
+) -> list[dict[str, Any]]:
+    """Held processor-time / an always-on pool sized to peak, and Δp50 start against it."""
+    v = quiet_cpu()
+    warm = _warm_p50(v)
+    rows: list[dict[str, Any]] = []
+    for pattern in patterns:
+        wl = Workload("sessions", pattern=pattern, rate=rate, duration_s=duration_s)
+        for name in arms:
+            runs = [run_once(v, parse_arm(name), wl, s)[0] for s in range(1, seeds + 1)]
+            rows.append({
+                "pattern": pattern, "arm": name,
+                "held_rel": median([r.held_rel for r in runs]),
+                "dp50_s": median([_delta_p50(r, warm) for r in runs]),
+                "p50_s": median([r.start_p50 for r in runs]),
+                "p90_s": median([r.start_p90 for r in runs]),
+                "peak": median([r.always_on_s / r.makespan_s for r in runs]),
+                "pods_created": median([r.pods_created for r in runs]),
+            })  # fmt: skip
+    return rows
+
+
+# -- Figure 7 -------------------------------------------------------------------------------
+def speedup_sweep(
+    bodies: Sequence[float] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+    thinks: Sequence[float] = (0, 30, 120, 600, 1800),
+    replicates: int = 3,
+) -> list[dict[str, Any]]:
+    """Reuse On over Reuse Off makespan on the calibrated production CPU venue."""
+    v = with_dispatch(load_venue("prod-cpu"), "tick")
+    on, off = parse_arm("reuse-on"), parse_arm("reuse-off")
+    rows: list[dict[str, Any]] = []
+    for kind in ("w-rl", "w-agent"):
+        for think in thinks:
+            for body in bodies:
+                ratios = []
+                for s in range(1, replicates + 1):
+                    wl = Workload(kind, agents=4, body_s=float(body), think_s=float(think))
+                    a = run_once(v, on, wl, s)[0].makespan_s
+                    b = run_once(v, off, wl, s)[0].makespan_s
+                    ratios.append(b / a)
+                rows.append(
+                    {"workload": kind, "think_s": think, "body_s": body,
+                     "speedup": median(ratios), "lo": min(ratios), "hi": max(ratios)}
+                )  # fmt: skip
+    return rows
+
+
+def crossover(rows: Sequence[dict[str, Any]], workload: str, think: float = 0.0,
+              level: float = 1.1) -> float | None:  # fmt: skip
+    """Body length where the speedup first falls below ``level`` (log-linear interpolation)."""
+    pts = sorted(
+        (float(r["body_s"]), float(r["speedup"]))
+        for r in rows
+        if r["workload"] == workload and r["think_s"] == think
+    )
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if y0 >= level > y1:
+            f = (y0 - level) / (y0 - y1)
+            return math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
+    return None
+
+
+# -- Figure 5 -------------------------------------------------------------------------------
+def fragmentation(
+    envs: Sequence[int] = (1, 4, 16, 64),
+    seeds: int = 3,
+    duration_s: float = 3600.0,
+) -> list[dict[str, Any]]:
+    """One shared late-bound pool against a pool per environment (each up to the budget, or
+    the budget split), Zipf(s=1) environment popularity, 900 s keep-alive."""
+    v = quiet_cpu(64).with_pool(idle_timeout_s=900.0)
+    rows: list[dict[str, Any]] = []
+    for kind, rate in (("rl-sessions", 0.01), ("sessions", 0.1)):
+        for e in envs:
+            for name in ("shared", "per-env", "per-env-split"):
+                wl = Workload(kind, rate=rate, duration_s=duration_s, envs=e)
+                runs = [run_once(v, parse_arm(name), wl, s)[0] for s in range(1, seeds + 1)]
+                hits = [sum(n for p, n in r.paths.items() if p in WARM_PATHS) / max(1, r.jobs)
+                        for r in runs]  # fmt: skip
+                rows.append({
+                    "workload": kind, "envs": e, "arm": name,
+                    "held_rel": median([r.held_rel for r in runs]),
+                    "hit_rate": median(hits),
+                    "p90_s": median([r.start_p90 for r in runs]),
+                })  # fmt: skip
+    return rows
