@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env, filter_user_env
 from tests.pod_runtime.conftest import AgentProcess, make_zip
 
@@ -210,3 +211,13 @@ def children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+async def test_nvml_degrades_to_unknown_without_a_driver() -> None:
+    nvml = Nvml()
+    if nvml.available:  # a GPU host: the degraded path is not reachable here
+        pytest.skip("NVML is available on this host")
+    assert "NVML unavailable" in nvml.error
+    assert nvml.memory_mib(["GPU-x", "GPU-y"]) == (None, None)
+    assert nvml.compute_pids(["GPU-x"]) is None
+    assert await nvml.check_after_reset(["GPU-x"]) is None
