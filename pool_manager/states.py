@@ -89,31 +89,23 @@ class HasLifecycle(HasState[S], Protocol[S]):
     history: list[tuple[float, str, str, str]]
 
 
-class TransitionLog:
+class TransitionLog(deque[tuple[float, str, str, str, str]]):
     """A bounded ring of ``(now, subject, old, new, reason)`` shared by many objects.
 
     Pods keep their history here rather than in a list each: the tracker holds 100,000 pods
     and memory per pod is a budget, while "why is this pod here?" only needs the recent past.
-    Appending is one C-level ``deque.append``; looking one subject up scans the ring.
+    Recording is one C-level ``deque.append``; looking one subject up scans the ring.
     """
 
-    __slots__ = ("_ring",)
-
     def __init__(self, maxlen: int = 32768) -> None:
-        self._ring: deque[tuple[float, str, str, str, str]] = deque(maxlen=maxlen)
+        super().__init__((), maxlen)
 
     def record(self, now: float, subject: str, old: str, new: str, reason: str) -> None:
-        self._ring.append((now, subject, old, new, reason))
+        self.append((now, subject, old, new, reason))
 
     def of(self, subject: str) -> list[tuple[float, str, str, str]]:
         """``subject``'s transitions still in the ring, oldest first."""
-        return [(t, old, new, why) for t, s, old, new, why in self._ring if s == subject]
-
-    def clear(self) -> None:
-        self._ring.clear()
-
-    def __len__(self) -> int:
-        return len(self._ring)
+        return [(t, old, new, why) for t, s, old, new, why in self if s == subject]
 
 
 def transition(
@@ -135,6 +127,6 @@ def transition(
         raise IllegalTransition(f"{subject or type(obj).__name__}: {old} -> {new} ({reason})")
     obj.state = new
     if log is not None:
-        log._ring.append((now, subject, old, new, reason))
+        log.append((now, subject, old, new, reason))
     else:
         cast("HasLifecycle[S]", obj).history.append((now, old, new, reason))
