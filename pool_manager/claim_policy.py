@@ -4,14 +4,18 @@ Order per SKU, for a reusable job from ``caller`` on ``queue`` with ``tag``:
 
 1. ``warm``: an idle pod ``caller`` last used with the same queue and tag (in ``hint`` tag
    mode, any of the caller's pods on the same queue: the tag only prefers);
-2. ``recycled``: one of the caller's pods across a session boundary (a new tag, or another
-   queue): it runs this one job and then retires, so state crosses at most one job;
-3. ``idle``: a never-used idle pod (``new`` if it became ready after the job was queued);
-4. ``standby``: a promotable standby (gate open, GPU verified exclusive);
-5. otherwise a miss: the job stays queued and counts as demand.
+2. ``idle``: a never-used idle pod (``new`` if it became ready after the job was queued);
+3. ``standby``: a promotable standby (gate open, GPU verified exclusive);
+4. ``recycled``: rather than wait for a new pod, one of the caller's own pods from another
+   session (a new tag, or another queue): it runs this one job and then retires, so state
+   crosses at most one job of the next session;
+5. otherwise a miss: the job stays queued and counts as demand (a new pod).
 
+Recycling comes after the never-used and standby pods ("its next job may run once on the
+old pod *so it does not wait*", §5): a new session then never evicts a concurrent session's
+warm pod while clean capacity is free, and the old session's pod retires at its hold's end.
 A used pod is never offered to another caller: the owner is part of every bucket key.
-Single-use jobs skip 1-2 (a used pod is not clean enough). A gang takes its N pods from the
+Single-use jobs skip 1 and 4 (a used pod is not clean enough). A gang takes its N pods from the
 same sources in the same order, on distinct physical GPUs, or nothing.
 
 Concurrency: helpers of ``Tracker``; the tracker's lock is held. Each ``_pick`` takes the
@@ -39,28 +43,11 @@ class ClaimPolicy(GpuGates):
                 del sessions[session]
             if not sessions:
                 del self._owned[(sku, caller)]
-        if sessions:
-            chosen = None
-            if hint:
-                for session in reversed(sessions):
-                    if session[0] == req.queue:
-                        chosen = session
-                        break
-            path = "warm" if chosen is not None else "recycled"
-            if chosen is None:
-                chosen = next(reversed(sessions))
-            queue, tag = chosen
-            key = (sku, caller, queue, tag)
-            bucket = self._exact[key]
-            pod = bucket.popitem()[1]
-            if not bucket:
-                del self._exact[key]
-                del sessions[chosen]
-                if not sessions:
-                    del self._owned[(sku, caller)]
-            if path == "warm":
-                return pod, path, None  # the tag is only a routing hint here
-            return pod, path, "queue_changed" if queue != req.queue else "tag_changed"
+                sessions = None
+        if sessions and hint:
+            for queue, tag in reversed(sessions):
+                if queue == req.queue:  # the tag is only a routing hint here
+                    return self._pop_session_locked(sku, caller, queue, tag), "warm", None
         fresh = self._fresh.get(sku)
         if fresh:
             pod = fresh.popitem()[1]
@@ -75,24 +62,46 @@ class ClaimPolicy(GpuGates):
             if not standby:
                 del self._standby[sku]
             return pod, "standby", "no_idle_pod"
+        if sessions:  # rather than wait for a new pod: once on the caller's old one
+            queue, tag = next(reversed(sessions))
+            pod = self._pop_session_locked(sku, caller, queue, tag)
+            return pod, "recycled", "queue_changed" if queue != req.queue else "tag_changed"
         return None
+
+    def _pop_session_locked(
+        self, sku: str, caller: str, queue: str | None, tag: str | None
+    ) -> PodInfo:
+        """Take the most recent pod of one of ``caller``'s (non-empty) sessions."""
+        key = (sku, caller, queue, tag)
+        bucket = self._exact[key]
+        pod = bucket.popitem()[1]
+        if not bucket:
+            del self._exact[key]
+            sessions = self._owned[(sku, caller)]
+            del sessions[(queue, tag)]
+            if not sessions:
+                del self._owned[(sku, caller)]
+        return pod
 
     def _pick_many_locked(self, req: ClaimRequest, hint: bool) -> list[Pick] | None:
         """``req.pods`` pods on distinct physical GPUs, warmest first; ``None`` if fewer."""
         sku, caller = req.sku, req.caller
         sources: list[tuple[Bucket | None, str, str | None]] = []
+        recycled: list[tuple[Bucket | None, str, str | None]] = []
         if not req.single_use:
             sources.append((self._exact.get((sku, caller, req.queue, req.lease_tag)), "warm", None))
             for queue, tag in reversed(self._owned.get((sku, caller), {})):
+                bucket = self._exact.get((sku, caller, queue, tag))
                 if (queue, tag) == (req.queue, req.lease_tag):
                     continue
-                if queue == req.queue:
-                    path, why = ("warm", None) if hint else ("recycled", "tag_changed")
+                if queue == req.queue and hint:
+                    sources.append((bucket, "warm", None))
                 else:
-                    path, why = "recycled", "queue_changed"
-                sources.append((self._exact.get((sku, caller, queue, tag)), path, why))
+                    boundary = "tag_changed" if queue == req.queue else "queue_changed"
+                    recycled.append((bucket, "recycled", boundary))
         sources.append((self._fresh.get(sku), "idle", "no_owned_idle_pod"))
         sources.append((self._standby.get(sku), "standby", "no_idle_pod"))
+        sources.extend(recycled)
         chosen: list[Pick] = []
         cards: set[str] = set()
         for bucket, path, why in sources:

@@ -82,3 +82,31 @@ def test_a_pod_is_never_leased_twice() -> None:
     lease(t, make_request("alice"))
     miss(t, make_request("alice"))
     miss(t, make_request("bob"))
+
+
+def test_a_new_session_prefers_a_never_used_pod_over_recycling_its_old_one() -> None:
+    t = make_tracker()
+    add_ready(t, "old")
+    run_job(t, make_request("alice", tag="s1"))
+    add_ready(t, "fresh", now=0.5)
+    got = lease(t, make_request("alice", tag="s2", queued_at=1.0), now=2.0)
+    assert (got.pods, got.path) == (("fresh",), "idle")
+    assert state_of(t, "old") is PodState.IDLE  # still warm for session s1
+
+
+def test_a_new_session_recycles_its_old_pod_rather_than_wait() -> None:
+    t = make_tracker()
+    add_ready(t, "old")
+    run_job(t, make_request("alice", tag="s1"))
+    got = lease(t, make_request("alice", tag="s2"), now=2.0)
+    assert (got.pods, got.path, got.reason) == (("old",), "recycled", "tag_changed")
+
+
+def test_a_standby_comes_before_recycling() -> None:
+    t = make_tracker(make_spec("gpu", standbys_per_active=1))
+    add_ready(t, "old", sku="gpu", gpu="G0")
+    add_ready(t, "standby", sku="gpu", gpu="G1", role="standby")
+    t.mark_gpu_verified("G1", True, 0.0)
+    run_job(t, make_request("alice", sku="gpu", tag="s1"))
+    got = lease(t, make_request("alice", sku="gpu", tag="s2"), now=2.0)
+    assert (got.pods, got.path) == (("standby",), "standby")
