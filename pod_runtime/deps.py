@@ -16,8 +16,11 @@ Event-loop only; one install at a time (the agent runs one attempt at a time).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
+import signal
 from pathlib import Path
 
 from functions.errors import ErrorClass, FirepoolError
@@ -124,7 +127,12 @@ class Dependencies:
         pid = spawner.spawn_process(
             self._argv(requirements), env, log=install_log, reaper=self.reaper
         )
-        code = await self.reaper.wait(pid)
+        try:
+            code = await self.reaper.wait(pid)
+        except asyncio.CancelledError:  # cancelled attempt: stop the installer's session too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            raise
         output = install_log.read_bytes() if install_log.exists() else b""
         with log.open("ab") as out:
             out.write(b"[firepool] installing requirements " + ref.digest.encode() + b"\n")

@@ -14,9 +14,10 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -30,6 +31,8 @@ from pod_runtime.package import BlobCache
 from pod_runtime.protocol import AttemptResult, AttemptSpec
 from pod_runtime.reset import empty_dir
 from pod_runtime.settings import AgentSettings
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -106,12 +109,10 @@ class Runner:
     async def _bind(self, attempt: Attempt) -> list[str]:
         spec = attempt.spec
         if any(os.scandir(self.layout.pkg)):  # normally emptied by the last reset
-            await asyncio.to_thread(empty_dir, self.layout.pkg)
+            await finish_in_thread(empty_dir, self.layout.pkg)
         if spec.package is not None:
             zip_path, _ = await self.blobs.get(spec.package)
-            await asyncio.to_thread(
-                archive.extract, zip_path, self.layout.pkg, self.settings.limits
-            )
+            await finish_in_thread(archive.extract, zip_path, self.layout.pkg, self.settings.limits)
         if spec.requirements is not None:
             return [str(await self.deps.ensure(spec.requirements, attempt.log))]
         return []
@@ -254,6 +255,17 @@ class Runner:
             type=str(outcome.get("type")),
             traceback=str(outcome.get("traceback")),
         )
+
+
+async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn`` in a worker thread; if the caller is cancelled, still wait for the thread
+    (a cancelled attempt must not leave a thread writing into the next job's package dir)."""
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
 
 
 def exit_message(code: int) -> str:

@@ -231,3 +231,36 @@ def test_exec_mode_runs_a_fresh_interpreter(
     daemon_pid = plain.run(spec("exec-3:1", package, "jobs:daemon"))["output"]
     assert plain.reset()["clean"] is True
     assert not proc_alive(daemon_pid)
+
+
+def test_cancel_while_the_package_is_still_downloading(agent: AgentProcess) -> None:
+    release = threading.Event()
+
+    class Stalling(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            release.wait(10)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stalling)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        pkg = {"url": f"http://127.0.0.1:{server.server_address[1]}/slow.zip", "digest": "a" * 64}
+        assert agent.call("POST", "/attempts", spec("stall-1:1", pkg, "x:f"))[0] == 202
+        time.sleep(0.2)
+        start = time.monotonic()
+        status, body = agent.call("DELETE", "/attempts/stall-1:1")
+        assert status == 200
+        assert time.monotonic() - start < 3
+        assert body["state"] == "cancelled" and body["error"]["class"] == "Cancelled"
+        assert body["exit_code"] is None and body["first_instruction"] is None
+        assert agent.call("GET", "/healthz")[1]["busy"] is False
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
