@@ -24,7 +24,7 @@ import orjson
 from functions.errors import ErrorClass, FirepoolError
 from pod_runtime import archive, proctree, spawner
 from pod_runtime.cgroups import JobCgroups
-from pod_runtime.deps import Dependencies
+from pod_runtime.deps import Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env
 from pod_runtime.package import BlobCache
@@ -33,6 +33,8 @@ from pod_runtime.reset import empty_dir
 from pod_runtime.settings import AgentSettings
 
 T = TypeVar("T")
+INSTALL_TIMEOUT_S = 900.0
+"""A requirements install that runs longer fails the attempt (the installer is killed)."""
 
 
 @dataclass(slots=True)
@@ -114,7 +116,13 @@ class Runner:
             zip_path, _ = await self.blobs.get(spec.package)
             await finish_in_thread(archive.extract, zip_path, self.layout.pkg, self.settings.limits)
         if spec.requirements is not None:
-            return [str(await self.deps.ensure(spec.requirements, attempt.log))]
+            install = self.deps.ensure(spec.requirements, attempt.log)
+            try:
+                return [str(await asyncio.wait_for(install, INSTALL_TIMEOUT_S))]
+            except TimeoutError as exc:
+                raise DependencyInstallFailed(
+                    f"installing requirements took longer than {INSTALL_TIMEOUT_S:.0f} s"
+                ) from exc
         return []
 
     def _gpu_env(self, attempt: Attempt) -> GpuEnv:
