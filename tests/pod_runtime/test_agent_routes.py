@@ -264,3 +264,36 @@ def test_cancel_while_the_package_is_still_downloading(agent: AgentProcess) -> N
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_a_package_server_that_fails_briefly_is_retried(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    _, digest = make_zip(tmp_path / "flaky.zip", {"flaky.py": "def f(x):\n    return 'ok'\n"})
+    failures = [503, 502]
+
+    class Flaky(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def do_GET(self) -> None:
+            if failures:
+                self.send_response(failures.pop())
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        pkg = {"url": f"http://127.0.0.1:{server.server_address[1]}/flaky.zip", "digest": digest}
+        assert agent.run(spec("flaky-1:1", pkg, "flaky:f"))["output"] == "ok"
+        assert failures == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
