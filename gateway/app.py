@@ -223,6 +223,7 @@ async def list_jobs(request: Request) -> Response:
 async def job_logs(request: Request) -> Response:
     broker, _p, job = await _visible_job(request)
     follow = request.query_params.get("follow") in ("1", "true")
+    await broker.recycler.logs_settled(job.id)
 
     async def chunks() -> AsyncIterator[bytes]:
         offset = 0

@@ -169,6 +169,7 @@ class Broker:
             self._sweep_task.cancel()
             await asyncio.gather(self._sweep_task, return_exceptions=True)
         if self._dispatcher is not None:
+            await self.recycler.drain()
             await self.pods.drain()
         await self.agents.close()
         await self.backend.close()

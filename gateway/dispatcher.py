@@ -293,8 +293,9 @@ class Dispatcher:
             log.exception("could not record the outcome of job %s", job.id)
         # Only now may the agent forget the result: a crash before this point finds the
         # attempt at the agent and finalizes it without running it again (paper A.1).
-        clean = await self.recycler.reset(job.id, list(pods), attempt.id, outcome.lost_pods)
-        await self.recycler.release(job.id, clean)
+        clean = await self.recycler.reset(list(pods), outcome.lost_pods)
+        self.recycler.release(job.id, clean)
+        self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods)
         if retry:
             self._queue.append(job)
             self._queue_dirty = True

@@ -1,10 +1,11 @@
-"""After an attempt: keep its logs, reset its pods, release them to the tracker.
+"""After an attempt: reset its pods, release them to the tracker, keep its logs.
 
-The dispatcher resets after the outcome is committed (the agent keeps the result until then,
-so a crash in between never runs the attempt twice) and before it answers the caller, so a
-caller's next step never finds its own pod still resetting. A pod is released only
-after its agent reports a verified-clean reset; a pod that is lost or reports unclean is
-released as unclean, which retires it, and is deleted, never reused.
+The dispatcher resets after the outcome is committed (the agent keeps the result until it is
+acknowledged, so a crash in between never runs the attempt twice) and before it answers the
+caller, so a caller's next step never finds its own pod still resetting. A pod is released
+only after its agent reports a verified-clean reset; a pod that is lost or reports unclean is
+released as unclean, which retires it, and is deleted, never reused. Logs are archived and
+the attempt acknowledged afterwards, off the caller's path (a log read waits for that).
 """
 
 from __future__ import annotations
@@ -62,34 +63,59 @@ class PodRecycler:
         self.logs = logs
         self.clock = clock
         self.on_change = on_change
+        self._archiving: dict[str, asyncio.Task[None]] = {}
 
-    async def reset(self, job_id: str, pods: list[str], attempt_id: str, lost: list[str]) -> bool:
-        """Keep rank 0's logs, acknowledge the result and reset every pod; True iff every pod
-        reported a verified-clean reset."""
-        results = await asyncio.gather(
-            *(
-                self._reset_one(job_id, pod, attempt_id, rank == 0)
-                for rank, pod in enumerate(pods)
-                if pod not in lost
-            )
-        )
+    async def reset(self, pods: list[str], lost: list[str]) -> bool:
+        """Reset every reachable pod; True iff every pod reported a verified-clean reset."""
+        results = await asyncio.gather(*(self._reset_one(pod) for pod in pods if pod not in lost))
         return not lost and all(results)
 
-    async def release(self, job_id: str, clean: bool) -> None:
-        """Hand the pods back to the tracker: held for their owner (the hold persisted as
-        annotations before this returns, so it survives a crash), or retired and deleted."""
+    def release(self, job_id: str, clean: bool) -> None:
+        """Hand the pods back to the tracker: held for their owner, or retired and deleted.
+
+        The owner itself was persisted before the first launch; the hold's timing is written
+        off the caller's path (best-effort, paper A.1 step 4): a crash in between can only
+        shorten a hold, never give the pod to another caller."""
         now = self.clock()
-        notes = []
         for release in self.tracker.release(job_id, clean, now):
             if release.retire:
                 self.pods.delete(release.name, release.reason)
             else:
                 pod = self.tracker.get(release.name)
                 if pod is not None:
-                    notes.append(self.pods.annotate_now(release.name, ownership_annotations(pod)))
+                    self.pods.annotate_later(release.name, ownership_annotations(pod))
         self.on_change()
-        if notes:
-            await asyncio.gather(*notes)
+
+    def archive(self, job_id: str, pods: list[str], attempt_id: str, lost: list[str]) -> None:
+        """Off the caller's path: keep rank 0's logs, then acknowledge the attempt on every
+        pod (the agent keeps a result until then; the outcome is already committed)."""
+        task = asyncio.get_running_loop().create_task(
+            self._archive(job_id, [p for p in pods if p not in lost], attempt_id)
+        )
+        self._archiving[job_id] = task
+        task.add_done_callback(lambda _: self._archiving.pop(job_id, None))
+
+    async def logs_settled(self, job_id: str) -> None:
+        """Wait until the job's logs are archived (a log read right after the job ended)."""
+        task = self._archiving.get(job_id)
+        if task is not None:
+            await asyncio.wait({task})
+
+    async def _archive(self, job_id: str, pods: list[str], attempt_id: str) -> None:
+        for rank, pod in enumerate(pods):
+            endpoint = self.pods.endpoints.get(pod)
+            if endpoint is None:
+                continue
+            try:
+                if rank == 0:
+                    await self._keep_logs(job_id, endpoint, attempt_id)
+                await self.agents.ack(endpoint, attempt_id)
+            except AgentUnreachable as exc:
+                log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)
+
+    async def drain(self) -> None:
+        while self._archiving:
+            await asyncio.wait(set(self._archiving.values()))
 
     async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
         offset = 0
@@ -100,14 +126,11 @@ class PodRecycler:
             await asyncio.to_thread(self.logs.append, job_id, str(chunk["data"]))
             offset = int(chunk.get("offset", offset + len(chunk["data"])))
 
-    async def _reset_one(self, job_id: str, pod: str, attempt_id: str, rank0: bool) -> bool:
+    async def _reset_one(self, pod: str) -> bool:
         endpoint = self.pods.endpoints.get(pod)
         if endpoint is None:
             return False
         try:
-            if rank0:
-                await self._keep_logs(job_id, endpoint, attempt_id)
-            await self.agents.ack(endpoint, attempt_id)
             report = await self.agents.reset(endpoint)
         except AgentUnreachable as exc:
             log.warning("pod %s unreachable during reset: %s", pod, exc)

@@ -47,6 +47,7 @@ class PodManager:
         self.endpoints: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._deleting: set[str] = set()
+        self._pending_notes: dict[str, dict[str, str | None]] = {}
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -133,6 +134,22 @@ class PodManager:
             await self.backend.annotate(name, annotations)
         except Exception as exc:  # best-effort by design (paper A.1 step 4)
             log.warning("annotating pod %s failed: %r", name, exc)
+
+    def annotate_later(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Persist hold timing off the job's path. Writes per pod are coalesced and applied in
+        order by one task, so an older write never lands after a newer one."""
+        pending = self._pending_notes.get(name)
+        if pending is not None:
+            pending.update(annotations)
+            return
+        self._pending_notes[name] = dict(annotations)
+        self._spawn(self._flush_notes(name))
+
+    async def _flush_notes(self, name: str) -> None:
+        while (notes := self._pending_notes.get(name)) is not None:
+            await self.annotate_now(name, notes)
+            if self._pending_notes.get(name) is notes:
+                del self._pending_notes[name]
 
     async def drain(self) -> None:
         while self._tasks:
