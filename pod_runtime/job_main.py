@@ -44,8 +44,8 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
     with contextlib.suppress(PermissionError):
         os.setsid()
     cgroup_procs = cfg.get("cgroup_procs")
-    if cgroup_procs:
-        with open(cgroup_procs, "w") as procs:
+    if cgroup_procs:  # best effort: without it the agent still tracks the job via /proc
+        with contextlib.suppress(OSError), open(cgroup_procs, "w") as procs:
             procs.write(str(os.getpid()))
     if forked:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
