@@ -316,7 +316,14 @@ class Dispatcher:
             live.state = JobState.CANCELLED
             live.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled by caller"}
             live.finished = self.clock()
-            await self.store.update(live, revision)
+            try:
+                await self.store.update(live, revision)
+            except Exception:
+                # Not recorded: the job stays queued exactly as it was.
+                live.state, live.error, live.finished = JobState.QUEUED, None, None
+                self._cancel_requested.discard(job.id)
+                self.enqueue(live)
+                raise
             self._cancel_requested.discard(job.id)
             self._resolve(live)
             return live
