@@ -95,7 +95,9 @@ class Agent:
             limits = JobLimits(self.settings.job_memory_max, self.settings.job_pids_max)
             cgroups = JobCgroups.open(self.settings.pod_name, limits)
         self.resetter.cgroups = cgroups
-        self.cgroups_note = cgroups.describe() if cgroups else "no writable cgroup v2: /proc only"
+        self.cgroups_note = (
+            cgroups.describe() if cgroups else "no writable cgroup v2: jobs tracked via /proc"
+        )
 
         loop = asyncio.get_running_loop()
         self.reaper = spawner.Reaper(loop)

@@ -38,6 +38,21 @@ def v2_mount() -> Path | None:
     return None
 
 
+def v1_controllers() -> list[str]:
+    """Controllers mounted as cgroup v1 hierarchies (reported only; jobs use v2)."""
+    found: set[str] = set()
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                _, _, right = line.partition(" - ")
+                fields = right.split()
+                if fields[:1] == ["cgroup"] and len(fields) >= 3:
+                    found.update(o for o in fields[2].split(",") if o not in ("rw", "ro"))
+    except OSError:
+        pass
+    return sorted(found)
+
+
 def own_v2_path() -> str | None:
     """This process's path in the v2 hierarchy (the ``0::`` line of /proc/self/cgroup)."""
     try:
@@ -87,7 +102,7 @@ class JobCgroups:
         if self.controllers & {"memory", "pids"}:
             wanted = " ".join(f"+{c}" for c in sorted(self.controllers & {"memory", "pids"}))
             _write(pod / "cgroup.subtree_control", wanted)
-        self.enabled = set((pod / "cgroup.subtree_control").read_text().split())
+        self.enabled = {c.lstrip("+") for c in (pod / "cgroup.subtree_control").read_text().split()}
         self.can_kill = (pod / "cgroup.kill").exists()
         self.current: Path | None = None
         self.prepared: Path | None = None
@@ -123,9 +138,10 @@ class JobCgroups:
             return None
 
     def describe(self) -> str:
+        v1 = ",".join(v1_controllers()) or "none"
         return (
             f"cgroup v2 at {self.pod} (controllers: {sorted(self.enabled) or 'none'}, "
-            f"cgroup.kill: {self.can_kill})"
+            f"cgroup.kill: {self.can_kill}); v1 controllers (unused): {v1}"
         )
 
     def _create(self) -> Path | None:

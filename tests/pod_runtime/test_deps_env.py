@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env, filter_user_env
 from tests.pod_runtime.conftest import AgentProcess, make_zip
@@ -221,3 +222,25 @@ async def test_nvml_degrades_to_unknown_without_a_driver() -> None:
     assert nvml.memory_mib(["GPU-x", "GPU-y"]) == (None, None)
     assert nvml.compute_pids(["GPU-x"]) is None
     assert await nvml.check_after_reset(["GPU-x"]) is None
+
+
+def test_job_cgroups_get_limits_and_report_oom_where_controllers_exist(tmp_path: Path) -> None:
+    """Simulation: this host delegates no memory/pids controller, so a plain directory stands
+    in for the pod's cgroup (the kernel would create the interface files itself). It checks
+    what the agent writes and how it reads ``memory.events``, not the kernel's enforcement."""
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    (pod / "cgroup.controllers").write_text("cpu memory pids\n")
+    (pod / "cgroup.subtree_control").write_text("")
+    cgroups = JobCgroups(pod, JobLimits(memory_max=256 << 20, pids_max=64))
+    assert (pod / "cgroup.subtree_control").read_text() == "+memory +pids"
+    procs = cgroups.new_job("j:1")
+    assert procs is not None and procs.endswith("cgroup.procs")
+    job = Path(procs).parent
+    assert (job / "memory.max").read_text() == str(256 << 20)
+    assert (job / "pids.max").read_text() == "64"
+    assert (job / "memory.oom.group").read_text() == "1"
+    (job / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    assert cgroups.oom_killed() is False
+    (job / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")
+    assert cgroups.oom_killed() is True
