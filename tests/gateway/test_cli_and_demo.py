@@ -80,6 +80,6 @@ def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
         kill_pods(home)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "path=warm" in proc.stdout
-    assert "path=recycled" in proc.stdout
+    assert "alice starts a new episode" in proc.stdout
     assert "acquisition paths:" in proc.stdout
     assert "curl" in proc.stdout

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.conftest import BrokerServer
+import pytest
+
+from gateway.harness import kill_pods, start_broker
+from tests.conftest import BrokerServer, deploy_examples
 
 
 def _pod(job: dict) -> str:
@@ -23,10 +27,23 @@ def test_same_caller_and_tag_within_the_hold_runs_warm_on_the_same_pod(
     assert _pod(second) == _pod(first)
 
 
+@pytest.fixture(scope="module")
+def no_spare_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
+    """A pool that keeps no never-used pods, so a crossing job would otherwise wait."""
+    home = tmp_path_factory.mktemp("nospare")
+    server = start_broker(home, "pools:\n  cpu: {min_count: 0, max_idle_count: 0}\n")
+    try:
+        deploy_examples(server, {"noop": "noop:noop"})
+        yield server
+    finally:
+        server.stop()
+        kill_pods(home)
+
+
 def test_a_new_tag_runs_once_recycled_on_the_old_pod_which_then_retires(
-    broker_server: BrokerServer,
+    no_spare_pods: BrokerServer,
 ) -> None:
-    with broker_server.client("recycle-bob") as fp:
+    with no_spare_pods.client("recycle-bob") as fp:
         old = fp.invoke("noop", 1, lease_tag="episode-1")
         crossing = fp.invoke("noop", 2, lease_tag="episode-2")
         after = fp.invoke("noop", 3, lease_tag="episode-2")
