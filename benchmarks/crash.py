@@ -187,11 +187,13 @@ def held_pods(server: BrokerServer, admin: str) -> dict[str, str]:
     }
 
 
-def run(kills: int, callers: int, jobs: int, seed: int, progress: bool) -> dict[str, Any]:
+def run(
+    kills: int, callers: int, jobs: int, seed: int, progress: bool, keep: Path | None = None
+) -> dict[str, Any]:
     random.seed(seed)
     recorder = Recorder()
     tmp = tempfile.TemporaryDirectory(prefix="fp-crash-")
-    home = Path(tmp.name)
+    home = keep or Path(tmp.name)
     port = free_port()
     server = start_broker(home, CATALOG, port=port)
     restarts: list[float] = []
@@ -233,7 +235,13 @@ def run(kills: int, callers: int, jobs: int, seed: int, progress: bool) -> dict[
                 recovery.append(float(timing[-1][1]))
             after = held_pods_any_state(server, admin)
             holds_before += len(before)
-            holds_restored += sum(1 for name, owner in before.items() if after.get(name) == owner)
+            restored = {n for n, owner in before.items() if after.get(n) == owner}
+            holds_restored += len(restored)
+            for name in sorted(set(before) - restored):
+                print(
+                    f"hold not restored: {name} (owner {before[name]}, now {after.get(name)})",
+                    file=sys.stderr,
+                )
             bar.update()
         bar.close()
         for t in threads:
@@ -291,8 +299,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", type=Path, help="state directory to keep for inspection")
     args = parser.parse_args()
-    result = run(args.kills, args.callers, args.jobs, args.seed, progress=not args.json)
+    result = run(args.kills, args.callers, args.jobs, args.seed, not args.json, args.keep)
     if args.json:
         print(orjson.dumps(result).decode())
     else:

@@ -39,9 +39,18 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def restored_pod(pod: BackendPod) -> PodInfo:
-    """A pod as its annotations describe it: idle, held for its last caller if it had one."""
+def restored_pod(pod: BackendPod, hold_s: float, now: float) -> PodInfo:
+    """A pod as its annotations describe it: idle, held for its last caller if it had one.
+
+    The owner is written before a pod's first job runs, its hold timing only after release
+    (best-effort): an owner without a recorded hold gets a full hold from now, never none
+    (which would hold it forever) and never a used pod handed to anyone else."""
     a = pod.annotations
+    owner = a.get("firepool/owner")
+    hold_until = _float(a.get("firepool/hold-until"))
+    released_at = _float(a.get("firepool/released-at"))
+    if owner is not None and hold_until is None:
+        hold_until, released_at = now + hold_s, now
     return PodInfo(
         name=pod.name,
         sku=pod.sku,
@@ -50,11 +59,11 @@ def restored_pod(pod: BackendPod) -> PodInfo:
         gpu=pod.gpu,
         template=pod.template,
         state=PodState.IDLE,
-        owner=a.get("firepool/owner"),
+        owner=owner,
         tag=a.get("firepool/tag"),
         queue=a.get("firepool/queue"),
-        released_at=_float(a.get("firepool/released-at")) or pod.created,
-        hold_until=_float(a.get("firepool/hold-until")),
+        released_at=released_at or pod.created,
+        hold_until=hold_until,
     )
 
 
@@ -100,7 +109,10 @@ async def recover(broker: Broker) -> None:
     now = broker.clock()
     live = await _live_pods(broker)
     jobs = await broker.jobs.jobs_in_states([JobState.PENDING, JobState.QUEUED, JobState.RUNNING])
-    infos = {name: restored_pod(pod) for name, pod in live.items()}
+    infos = {
+        name: restored_pod(pod, broker.catalog.pools[pod.sku].hold_s, now)
+        for name, pod in live.items()
+    }
     attached: list[tuple[Job, dict[str, Any]]] = []
     requeue: list[Job] = []
     for job in jobs:
