@@ -27,3 +27,8 @@ def chatty(request):
 
 def whoami(request):
     return {"caller": os.environ.get("FIREPOOL_CALLER"), "pid": os.getpid()}
+
+
+def ranks(request):
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FIREPOOL_CALLER")
+    return {k: os.environ.get(k) for k in keys}
