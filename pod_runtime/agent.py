@@ -135,8 +135,9 @@ class Agent:
             await self.zygote.prefork(cgroup)
 
     async def stop(self) -> None:
-        if self.current is not None and self.runner is not None:
-            await self.runner.kill(self.current, ErrorClass.CANCELLED)
+        running = self.current
+        if running is not None and self.runner is not None:
+            await self.runner.kill(running, ErrorClass.CANCELLED)
         if self.runner is not None:
             await self.resetter.reset(self.runner.scope())
         if self.zygote is not None:
@@ -254,9 +255,10 @@ class Agent:
             raise InvalidRequest("wipe must be a list of paths", field="wipe")
         assert self.runner is not None
         async with self._lock:
-            if self.current is not None:
-                await self.runner.kill(self.current, ErrorClass.CANCELLED)
-                await self.current.done.wait()
+            running = self.current
+            if running is not None:
+                await self.runner.kill(running, ErrorClass.CANCELLED)
+                await running.done.wait()
             report = await self.resetter.reset(self.runner.scope(), wipe=wipe)
             if report.clean:
                 self.runner.job_sessions.clear()

@@ -297,3 +297,14 @@ def test_a_package_server_that_fails_briefly_is_retried(
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_a_reset_during_a_job_cancels_it_first(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    assert agent.call("POST", "/attempts", spec("rs-1:1", package, "jobs:sleep", 30))[0] == 202
+    time.sleep(0.2)
+    assert agent.reset()["clean"] is True
+    result = agent.call("GET", "/attempts/rs-1:1")[1]
+    assert result["state"] == "cancelled" and result["error"]["class"] == "Cancelled"
+    assert agent.call("GET", "/healthz")[1]["busy"] is False
