@@ -126,14 +126,16 @@ class Client:
         return list(self._request("GET", "/v1/functions").json()["functions"])
 
     # -- jobs ---------------------------------------------------------------------------
-    @staticmethod
-    def _invoke_body(
+    def _post_job(
+        self,
+        path: str,
         input: Any,
         lease_tag: str | None,
         queue: str | None,
         priority: int | None,
         timeout_s: float | None,
-    ) -> dict[str, Any]:
+        idempotency_key: str | None,
+    ) -> httpx.Response:
         body: dict[str, Any] = {"input": input}
         for key, value in (
             ("lease_tag", lease_tag),
@@ -143,7 +145,8 @@ class Client:
         ):
             if value is not None:
                 body[key] = value
-        return body
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._request("POST", path, json=body, headers=headers)
 
     def invoke(
         self,
@@ -157,12 +160,14 @@ class Client:
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Run ``name`` and return its job record once it ends (waits past the server's cap)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        resp = self._request(
-            "POST",
+        resp = self._post_job(
             f"/v1/functions/{name}:invoke",
-            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s),
-            headers=headers,
+            input,
+            lease_tag,
+            queue,
+            priority,
+            timeout_s,
+            idempotency_key,
         )
         body: dict[str, Any] = resp.json()
         if resp.status_code == 202:
@@ -180,15 +185,17 @@ class Client:
         timeout_s: float | None = None,
         idempotency_key: str | None = None,
     ) -> str:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        resp = self._request(
-            "POST",
+        """Queue ``name`` and return the job id at once (``wait`` or ``job`` to follow it)."""
+        resp = self._post_job(
             f"/v1/functions/{name}/jobs",
-            json=self._invoke_body(input, lease_tag, queue, priority, timeout_s),
-            headers=headers,
+            input,
+            lease_tag,
+            queue,
+            priority,
+            timeout_s,
+            idempotency_key,
         )
-        body = resp.json()
-        return str(body.get("job_id") or body["id"])
+        return str(resp.json()["job_id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()

@@ -77,14 +77,9 @@ def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:
             fp.deploy(EXAMPLES / name, name=name, sku="cpu", entrypoint=entrypoint, timeout_s=30)
 
 
-@pytest.fixture(scope="module")
-def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
-    home = tmp_path_factory.mktemp("firepool")
-    catalog = (
-        "budgets: {cpu: 16}\n"
-        "pools:\n"
-        "  cpu: {min_count: 1, max_idle_count: 2, max_count: 8, idle_timeout_s: 120}\n"
-    )
+@contextlib.contextmanager
+def running_broker(home: Path, catalog: str) -> Iterator[BrokerServer]:
+    """A broker with the example ``noop`` deployed; stopped, its pods killed, afterwards."""
     server = start_broker(home, catalog)
     try:
         deploy_examples(server, {"noop": "noop:noop"})
@@ -92,3 +87,14 @@ def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerSe
     finally:
         server.stop()
         kill_pods(home)
+
+
+@pytest.fixture(scope="module")
+def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
+    catalog = (
+        "budgets: {cpu: 16}\n"
+        "pools:\n"
+        "  cpu: {min_count: 1, max_idle_count: 2, max_count: 8, idle_timeout_s: 120}\n"
+    )
+    with running_broker(tmp_path_factory.mktemp("firepool"), catalog) as server:
+        yield server

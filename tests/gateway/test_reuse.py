@@ -7,8 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gateway.harness import kill_pods, start_broker
-from tests.conftest import BrokerServer, deploy_examples
+from tests.conftest import BrokerServer, running_broker
 
 
 def _pod(job: dict) -> str:
@@ -30,14 +29,9 @@ def test_same_caller_and_tag_within_the_hold_runs_warm_on_the_same_pod(
 @pytest.fixture(scope="module")
 def no_spare_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
     """A pool that keeps no never-used pods, so a crossing job would otherwise wait."""
-    home = tmp_path_factory.mktemp("nospare")
-    server = start_broker(home, "pools:\n  cpu: {min_count: 0, max_idle_count: 0}\n")
-    try:
-        deploy_examples(server, {"noop": "noop:noop"})
+    catalog = "pools:\n  cpu: {min_count: 0, max_idle_count: 0}\n"
+    with running_broker(tmp_path_factory.mktemp("nospare"), catalog) as server:
         yield server
-    finally:
-        server.stop()
-        kill_pods(home)
 
 
 def test_a_new_tag_runs_once_recycled_on_the_old_pod_which_then_retires(
