@@ -47,6 +47,7 @@ class Attempt:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     pid: int | None = None
+    spawning: bool = False
     cause: ErrorClass | None = None
 
     @property
@@ -172,6 +173,7 @@ class Runner:
             "log": str(attempt.log),
             "cgroup_procs": self.cgroups.new_job(spec.attempt_id) if self.cgroups else None,
         }
+        attempt.spawning = True  # from here a cancel kills the process instead of the task
         if self.zygote is not None:
             pid = await self.zygote.spawn(cfg)
         else:
@@ -179,6 +181,9 @@ class Runner:
         attempt.pid = pid
         self.job_sessions.add(pid)
         exited = self.reaper.expect(pid)
+        if attempt.cause is not None:  # cancelled while the spawn was in flight
+            attempt.cause = None
+            await self.kill(attempt, ErrorClass.CANCELLED)
         try:
             return await asyncio.wait_for(asyncio.shield(exited), spec.timeout_s)
         except TimeoutError:
@@ -193,8 +198,8 @@ class Runner:
             return
         attempt.cause = cause
         if attempt.pid is None:
-            if attempt.task is not None:
-                attempt.task.cancel()
+            if attempt.task is not None and not attempt.spawning:
+                attempt.task.cancel()  # still binding: nothing of the job runs yet
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(attempt.pid, signal.SIGKILL)

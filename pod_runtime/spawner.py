@@ -54,6 +54,16 @@ class Reaper:
                 future.set_result(code)
         return future
 
+    def born(self, pid: int) -> asyncio.Future[int]:
+        """``expect`` for a process just created: anything remembered under its pid belongs
+        to an earlier process that had the same number (pids are reused, quickly so in a
+        sandbox's own PID namespace) and is dropped first."""
+        self._early.pop(pid, None)
+        stale = self._futures.get(pid)
+        if stale is not None and stale.done():
+            del self._futures[pid]
+        return self.expect(pid)
+
     def resolve(self, pid: int, status: int) -> None:
         code = os.waitstatus_to_exitcode(status)
         future = self._futures.get(pid)
@@ -104,7 +114,7 @@ def spawn_process(argv: Sequence[str], env: dict[str, str], *, log: Path, reaper
         ],
         setsid=True,
     )
-    reaper.expect(pid)
+    reaper.born(pid)
     return pid
 
 
@@ -147,7 +157,7 @@ class ZygoteClient:
             )
         finally:
             theirs.close()
-        exited = self.reaper.expect(self.pid)
+        exited = self.reaper.born(self.pid)
         exited.add_done_callback(lambda _: self._on_exit())
         self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
         line = await asyncio.wait_for(self._reader.readline(), ZYGOTE_START_TIMEOUT_S)
@@ -178,7 +188,7 @@ class ZygoteClient:
             else:
                 if event.get("event") == "spawned":
                     # Before the next line is read: the exit event may follow right behind.
-                    self.reaper.expect(int(event["pid"]))
+                    self.reaper.born(int(event["pid"]))
                     if self.spare_pid == int(event["pid"]):
                         self.spare_pid = None
                 await self._events.put(event)
@@ -199,7 +209,13 @@ class ZygoteClient:
             await self._writer.drain()
 
     async def spawn(self, cfg: dict[str, Any]) -> int:
-        """Fork a job from the zygote; return its pid (already ``expect``-ed)."""
+        """Fork a job from the zygote; return its pid (already ``expect``-ed).
+
+        Shielded: once the request is written the zygote forks, so the exchange must finish
+        (else its ``spawned`` answer would be read by the next spawn as its own)."""
+        return await asyncio.shield(self._spawn(cfg))
+
+    async def _spawn(self, cfg: dict[str, Any]) -> int:
         async with self._lock:
             if self.pid is None or self._writer is None or self._writer.is_closing():
                 await self.close()
