@@ -308,3 +308,17 @@ def test_a_reset_during_a_job_cancels_it_first(
     result = agent.call("GET", "/attempts/rs-1:1")[1]
     assert result["state"] == "cancelled" and result["error"]["class"] == "Cancelled"
     assert agent.call("GET", "/healthz")[1]["busy"] is False
+
+
+def test_cancels_at_any_moment_never_mix_up_later_jobs(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    for i in range(10):
+        body = spec(f"race-{i}:1", package, "jobs:sleep", 30)
+        assert agent.call("POST", "/attempts", body)[0] == 202
+        time.sleep(0.002 * i)  # land the cancel in binding, spawning or running
+        cancelled = agent.call("DELETE", f"/attempts/race-{i}:1")[1]
+        assert cancelled["state"] == "cancelled", cancelled
+        echoed = agent.run(spec(f"after-{i}:1", package, "jobs:echo", i))
+        assert echoed["state"] == "succeeded" and echoed["output"]["input"] == i, echoed
+    assert agent.reset()["clean"] is True
