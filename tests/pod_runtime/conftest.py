@@ -206,6 +206,13 @@ def daemon(x):
                          start_new_session=True)
     return p.pid
 
+def daemon_then_sleep(path):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         start_new_session=True)
+    with open(path, "w") as f:
+        f.write(str(p.pid))
+    time.sleep(600)
+
 def chatty(x):
     for i in range(x):
         print(f"line {i}", flush=True)

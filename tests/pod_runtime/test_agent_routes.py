@@ -94,6 +94,12 @@ def test_timeout_kills_the_tree(agent: AgentProcess, package: dict[str, str]) ->
     result = agent.run(spec("slow-1:1", package, "jobs:sleep", 60, timeout_s=0.5))
     assert result["state"] == "failed" and result["error"]["class"] == "Timeout"
     assert result["finished"] - result["started"] < 5
+    pid_file = agent.pod_dir / "workspace" / "scratch" / "daemon.pid"
+    result = agent.run(
+        spec("slow-2:1", package, "jobs:daemon_then_sleep", str(pid_file), timeout_s=1.0)
+    )
+    assert result["error"]["class"] == "Timeout"
+    assert not proc_alive(int(pid_file.read_text()))  # its setsid daemon died with it
 
 
 def test_command_mode_reads_input_and_output_files(agent: AgentProcess, tmp_path: Path) -> None:

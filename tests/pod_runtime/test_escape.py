@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pod_runtime.launch import _runtime_paths
 from pod_runtime.proctree import JobScope
 from pod_runtime.reset import Resetter
 from pod_runtime.settings import PodLayout
@@ -106,13 +108,11 @@ def test_reset_leaves_none_of_the_jobs_processes_or_files(
     scratch = str(agent.pod_dir / "workspace" / "scratch")
     assert seen["output"][scratch] == []
     if sandbox:
-        # Only the directories leading to the pod dir (a bind mount) remain in /tmp.
-        chain = (
-            agent.pod_dir.relative_to("/tmp").parts[:1]
-            if agent.pod_dir.is_relative_to("/tmp")
-            else ()
-        )
-        assert seen["output"]["/tmp"] == list(chain)
+        # Only the directories leading to read-only mounts remain in /tmp: the pod dir and,
+        # when the checkout or venv lives under /tmp (as in CI), the launcher's binds of them.
+        mounts = [agent.pod_dir, *map(Path, _runtime_paths(sys.executable))]
+        chain = sorted({m.relative_to("/tmp").parts[0] for m in mounts if m.is_relative_to("/tmp")})
+        assert seen["output"]["/tmp"] == chain
         assert seen["output"]["/dev/shm"] == []
     assert agent.reset()["clean"] is True
 
