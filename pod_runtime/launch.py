@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import glob
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -69,12 +70,45 @@ def sandbox_status() -> tuple[bool, str]:
     return True, f"{bwrap}: pid, mount and ipc namespaces, read-only root, private /tmp+/dev/shm"
 
 
-def _bwrap_argv(pod_dir: Path, network: bool, cgroup_dir: Path | None) -> list[str]:
+PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
+"""Replaced by empty tmpfs mounts inside the sandbox."""
+
+
+def _runtime_paths(python: str) -> list[str]:
+    """Where the pod's interpreter and code live, when a private mount would hide them (a
+    checkout or virtual environment under /tmp, as CI makes): bound read-only again."""
+    here = Path(__file__).resolve().parent.parent  # the tree that holds pod_runtime
+    candidates = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        str(here),
+        str(Path(python).resolve().parent),
+        str(Path(python).parent),
+    }
+    candidates.update(p for p in sys.path if p)
+    hidden = sorted(
+        p
+        for p in (os.path.abspath(c) for c in candidates)
+        if os.path.isdir(p) and any(p == m or p.startswith(m + "/") for m in PRIVATE_MOUNTS)
+    )
+    kept: list[str] = []
+    for path in hidden:  # shortest first: skip paths already inside a kept one
+        if not any(path == k or path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _bwrap_argv(
+    pod_dir: Path, network: bool, cgroup_dir: Path | None, python: str = sys.executable
+) -> list[str]:
     pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
         argv += ["--dev-bind", node, node]
     argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for path in _runtime_paths(python):
+        argv += ["--ro-bind", path, path]
     argv += ["--bind", str(pod_dir), str(pod_dir)]
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.
@@ -138,7 +172,7 @@ def agent_command(
     pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
     argv = agent
     if use_sandbox:
-        argv = [*_bwrap_argv(pod_dir, network, pod_cgroup), *agent, "--sandboxed"]
+        argv = [*_bwrap_argv(pod_dir, network, pod_cgroup, python), *agent, "--sandboxed"]
     if pod_cgroup is None:
         return argv
     # Join the pod's cgroup before exec, from outside any namespace: everything the pod

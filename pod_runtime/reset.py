@@ -14,10 +14,11 @@ agent holds its attempt lock around it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,23 @@ class ResetReport:
         return {"clean": self.clean, "reason": self.reason, "duration_ms": self.duration_ms}
 
 
-def empty_dir(path: Path, keep: Path | None = None) -> list[str]:
-    """Remove everything inside ``path`` (not ``path`` itself) except ``keep`` and the
-    directories leading to it (the pod directory is a bind mount inside the private /tmp
-    when the pod lives under /tmp); return what could not be removed."""
+def mount_points() -> list[Path]:
+    """Every mount point this process sees (from /proc/self/mountinfo)."""
+    points = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:
+                points.append(Path(fields[4].replace("\\040", " ")))
+    return points
+
+
+def empty_dir(path: Path, keep: Path | Collection[Path] | None = None) -> list[str]:
+    """Remove everything inside ``path`` (not ``path`` itself) except what ``keep`` names and
+    the directories leading to it (the pod directory, or a checkout the launcher bound back
+    in, are mounts inside the private /tmp when they live under /tmp); return what could not
+    be removed."""
+    keeps = [keep] if isinstance(keep, Path) else list(keep or ())
     problems: list[str] = []
     try:
         entries = list(os.scandir(path))
@@ -55,9 +69,10 @@ def empty_dir(path: Path, keep: Path | None = None) -> list[str]:
         return [f"{path}: {exc.strerror}"]
     for entry in entries:
         here = Path(entry.path)
-        if keep is not None and (here == keep or keep.is_relative_to(here)):
-            if here != keep:
-                problems += empty_dir(here, keep)
+        inside = [k for k in keeps if k.is_relative_to(here)]
+        if inside:
+            if here not in inside:
+                problems += empty_dir(here, inside)
             continue
         try:
             if entry.is_dir(follow_symlinks=False):
@@ -100,6 +115,7 @@ class Resetter:
         self.deadline_s = deadline_s
         self.kill = kill
         self.gpu_check = gpu_check
+        self._keep: list[Path] | None = None
 
     def allowed_wipe(self, raw: str) -> Path:
         """A broker-named wipe path must be an absolute directory inside the pod's own trees."""
@@ -120,9 +136,18 @@ class Resetter:
         targets = list(self.layout.wiped()) + list(extra)
         if self.sandboxed:
             targets += list(PRIVATE_TMPFS)
+        if self._keep is None:
+            self._keep = [self.layout.root.resolve()]
+            if self.sandboxed:  # mounts the launcher put inside the private tmpfs (static)
+                self._keep += [
+                    m
+                    for m in mount_points()
+                    if m not in PRIVATE_TMPFS and any(m.is_relative_to(t) for t in PRIVATE_TMPFS)
+                ]
+        keep = self._keep
         problems: list[str] = []
         for target in targets:
-            problems += empty_dir(target, self.layout.root.resolve())
+            problems += empty_dir(target, keep)
         return problems
 
     async def reset(
