@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from functions.errors import InvalidRequest
-from pod_runtime import proctree
+from pod_runtime import proctree, sysvipc
 from pod_runtime.cgroups import JobCgroups
 from pod_runtime.settings import PodLayout
 
@@ -148,6 +148,8 @@ class Resetter:
         problems: list[str] = []
         for target in targets:
             problems += empty_dir(target, keep)
+        if self.sandboxed:  # the pod's own IPC namespace: its SysV objects are the jobs'
+            problems += sysvipc.remove_all()
         return problems
 
     async def reset(

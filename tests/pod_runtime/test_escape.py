@@ -52,6 +52,20 @@ def spawn(args):
         os.chmod(os.path.join(d, "ro"), 0o500)
     return len(kids)
 
+def sysv(x):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    IPC_CREAT, IPC_PRIVATE = 0o1000, 0
+    return [libc.shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0o600),
+            libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o600),
+            libc.semget(IPC_PRIVATE, 1, IPC_CREAT | 0o600)]
+
+def sysv_listing(x):
+    out = {}
+    for kind in ("shm", "msg", "sem"):
+        out[kind] = open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
+    return out
+
 def look(x):
     seen = {}
     for d in (os.environ["TMPDIR"], "/tmp", "/dev/shm"):
@@ -166,3 +180,22 @@ async def test_residue_that_cannot_be_removed_makes_the_reset_unclean(tmp_path: 
 def test_wipe_paths_outside_the_pod_are_refused(agent: AgentProcess) -> None:
     status, body = agent.call("POST", "/reset", {"wipe": ["/etc"]})
     assert status == 400 and body["error"]["field"] == "wipe"
+
+
+def test_system_v_ipc_objects_do_not_survive_a_sandboxed_reset(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    agent = agent_factory(name="sysv", sandbox=True)
+    url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
+    pkg = {"url": url, "digest": digest}
+    made = agent.run({"attempt_id": "ipc-1:1", "package": pkg, "entrypoint": "escape:sysv"})
+    assert all(ident >= 0 for ident in made["output"]), made
+    left = agent.run(
+        {"attempt_id": "ipc-2:1", "package": pkg, "entrypoint": "escape:sysv_listing"}
+    )["output"]
+    assert all(left[kind] for kind in ("shm", "msg", "sem"))  # they outlive their process
+    assert agent.reset()["clean"] is True
+    after = agent.run(
+        {"attempt_id": "ipc-3:1", "package": pkg, "entrypoint": "escape:sysv_listing"}
+    )["output"]
+    assert after == {"shm": [], "msg": [], "sem": []}
