@@ -31,6 +31,14 @@ FETCH_RETRY_S = 30.0
 KEEP_BLOBS = 16
 
 
+def _sha256_of(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as src:
+        while chunk := src.read(CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
 class _Transient(Exception):
     """A fetch failure that may well succeed when tried again."""
 
@@ -44,17 +52,43 @@ class BlobCache:
         self.keep = keep
         self.root.mkdir(parents=True, exist_ok=True)
         self._session: aiohttp.ClientSession | None = None
+        self._verified: dict[str, tuple[int, int, int]] = {}
 
     def path(self, digest: str) -> Path:
         return self.root / digest
 
+    def _remember(self, digest: str, target: Path) -> None:
+        """Record the verified file's identity; a job (same uid, same tree) could rewrite it,
+        but not without changing its ctime, which no unprivileged call can set back."""
+        with contextlib.suppress(OSError):
+            os.utime(target)  # recency for eviction (changes ctime: record after it)
+            st = target.stat()
+            self._verified[digest] = (st.st_ino, st.st_size, st.st_ctime_ns)
+
+    def _unchanged(self, digest: str, target: Path) -> bool:
+        try:
+            st = target.stat()
+        except OSError:
+            return False
+        return self._verified.get(digest) == (st.st_ino, st.st_size, st.st_ctime_ns)
+
     async def get(self, ref: BlobRef) -> tuple[Path, bool]:
-        """Return (verified file, was_cached). Raises ``PackageRejected`` on any failure."""
+        """Return (verified file, was_cached). Raises ``PackageRejected`` on any failure.
+
+        A cached file is trusted only if it is the very file this agent verified (same
+        inode, size and ctime); otherwise (changed, or cached by an earlier agent) it is
+        hashed again and, if it no longer matches, fetched afresh."""
         target = self.path(ref.digest)
         if target.exists():
-            with contextlib.suppress(OSError):
-                os.utime(target)
-            return target, True
+            if (
+                not self._unchanged(ref.digest, target)
+                and await asyncio.to_thread(_sha256_of, target) != ref.digest
+            ):
+                target.unlink(missing_ok=True)
+                self._verified.pop(ref.digest, None)
+            if target.exists():
+                self._remember(ref.digest, target)
+                return target, True
         tmp = self.root / f".{ref.digest}.{os.getpid()}.partial"
         try:
             scheme = urllib.parse.urlsplit(ref.url).scheme
@@ -71,6 +105,7 @@ class BlobCache:
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
+        self._remember(ref.digest, target)
         self._evict()
         return target, False
 

@@ -328,3 +328,17 @@ def test_cancels_at_any_moment_never_mix_up_later_jobs(
         echoed = agent.run(spec(f"after-{i}:1", package, "jobs:echo", i))
         assert echoed["state"] == "succeeded" and echoed["output"]["input"] == i, echoed
     assert agent.reset()["clean"] is True
+
+
+def test_a_cached_package_rewritten_by_a_job_is_not_trusted(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    url, digest = make_zip(tmp_path / "good.zip", {"good.py": "def f(x):\n    return 'good'\n"})
+    pkg = {"url": url, "digest": digest}
+    assert agent.run(spec("poison-1:1", pkg, "good:f"))["output"] == "good"
+    evil = tmp_path / "evil.zip"
+    make_zip(evil, {"good.py": "def f(x):\n    return 'evil'\n"})
+    cached = agent.pod_dir / "cache" / "blobs" / digest
+    cached.write_bytes(evil.read_bytes())  # what a job of this pod could do
+    assert agent.run(spec("poison-2:1", pkg, "good:f"))["output"] == "good"
+    assert cached.read_bytes() == (tmp_path / "good.zip").read_bytes()
