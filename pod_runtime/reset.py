@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pod_runtime.cgroups import JobCgroups
 from pod_runtime.settings import PodLayout
 
 PRIVATE_TMPFS = (Path("/tmp"), Path("/dev/shm"))
+WIPE_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ def empty_dir(path: Path, keep: Path | Collection[Path] | None = None) -> list[s
         return problems
     except OSError as exc:
         return [f"{path}: {exc.strerror}"]
+    trees: list[str] = []
     for entry in entries:
         here = Path(entry.path)
         inside = [k for k in keeps if k.is_relative_to(here)]
@@ -74,14 +77,47 @@ def empty_dir(path: Path, keep: Path | Collection[Path] | None = None) -> list[s
             if here not in inside:
                 problems += empty_dir(here, inside)
             continue
+        if entry.is_dir(follow_symlinks=False):
+            trees.append(entry.path)
+            continue
         try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_make_writable_and_retry)
-            else:
-                os.unlink(entry.path)
+            os.unlink(entry.path)
         except OSError as exc:
             problems.append(f"{entry.path}: {exc.strerror}")
+    if len(trees) > 1:  # unlinks in different directories overlap well on a slow disk
+        with ThreadPoolExecutor(min(len(trees), WIPE_THREADS)) as pool:
+            for found in pool.map(_remove_tree, trees):
+                problems += found
+    elif trees:
+        problems += _remove_tree(trees[0])
     return problems
+
+
+def _remove_tree(top: str) -> list[str]:
+    """Delete a directory tree. Runs only after the job's processes are verified dead, so
+    nothing swaps a directory for a symlink meanwhile; symlinks are unlinked, never
+    followed (``d_type`` from ``scandir``, no extra stat). Falls back to ``shutil.rmtree``
+    (which also makes read-only directories writable) when the fast path fails."""
+    try:
+        stack, dirs = [top], []
+        while stack:
+            current = stack.pop()
+            dirs.append(current)
+            with os.scandir(current) as listing:
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        os.unlink(entry.path)
+        for directory in reversed(dirs):
+            os.rmdir(directory)
+        return []
+    except OSError:
+        try:
+            shutil.rmtree(top, onerror=_make_writable_and_retry)
+        except OSError as exc:
+            return [f"{top}: {exc.strerror}"]
+        return []
 
 
 def _make_writable_and_retry(func: Callable[..., object], path: str, exc_info: Any) -> None:
