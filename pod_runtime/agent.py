@@ -162,6 +162,7 @@ class Agent:
                 "network": self.settings.network,
                 "zygote": self.zygote is not None and self.zygote.pid is not None,
                 "cgroups": self.cgroups_note,
+                "preloaded": self.zygote.info.get("preloaded", []) if self.zygote else [],
             }
         )
 

@@ -74,6 +74,7 @@ def test_jobs_fork_from_a_zygote_with_preloaded_numpy(
     agent_factory: Callable[..., AgentProcess],
 ) -> None:
     agent = agent_factory("--preload", "numpy", name="zyg")
+    assert agent.call("GET", "/healthz")[1]["preloaded"] == ["numpy"]
     pkg = _package(agent)
     result = agent.run(
         {"attempt_id": "np-1:1", "package": pkg, "entrypoint": "sbjobs:dot", "input": 1000}
