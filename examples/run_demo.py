@@ -98,7 +98,8 @@ def main() -> int:
             f"  curl -s -X POST {url}/v1/functions/noop:invoke \\\n"
             '    -H "Authorization: Bearer $FIREPOOL_TOKEN" -d \'{"input": {"hello": 1}}\'\n'
             "  .venv/bin/firepool invoke rollout --input '{\"seed\": 7}' --tag mine\n"
-            "Ctrl-C stops it.",
+            "Ctrl-C stops the broker; its warm pods keep running for the next start "
+            "(`.venv/bin/firepool down` stops them).",
             flush=True,
         )
         if not args.once:

@@ -62,6 +62,16 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_down(args: argparse.Namespace) -> int:
+    from gateway.harness import kill_pods
+
+    settings = Settings.from_env()
+    pods = sorted((settings.home / "pods").glob("*/pod.json"))
+    kill_pods(settings.home)
+    print(f"stopped {len(pods)} local pod(s) under {settings.home / 'pods'}")
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from gateway.store import migrate
 
@@ -158,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--role", default="invoke", choices=[r.value for r in Role])
     s.add_argument("--ttl", type=int, default=30 * 86400, help="lifetime in seconds")
     s.set_defaults(fn=cmd_token)
+
+    s = sub.add_parser("down", help="stop every local pod (they outlive the broker by design)")
+    s.set_defaults(fn=cmd_down)
 
     s = sub.add_parser("migrate", help="bring the job store schema to the current version")
     s.set_defaults(fn=cmd_migrate)
