@@ -41,12 +41,12 @@ ROWS: tuple[Row, ...] = (
     Row("h200-agent-off", "H200 W-Agent (2 agents) vs Reuse Off", "h200", "tick",
         Workload("w-agent", agents=2), "reuse-on,reuse-off", 3.6, "validate"),
     Row("cpu-rl-off", "CPU W-RL vs Reuse Off", "prod-cpu", "tick",
-        Workload("w-rl"), "reuse-on,reuse-off", 4.5, "calibrate"),
+        Workload("w-rl"), "reuse-on,reuse-off", 4.5, "validate"),
     Row("cpu-agent-off", "CPU W-Agent (4 agents) vs Reuse Off", "prod-cpu", "tick",
         Workload("w-agent", agents=4), "reuse-on,reuse-off", 2.2, "validate"),
     Row("h200-standby", "Standby benchmark (30 sequential jobs, fresh tag each)", "h200",
         "event", Workload("standby"), "standby-on,standby-off", 3.0,
-        "calibrate"),
+        "validate"),
 )  # fmt: skip
 
 

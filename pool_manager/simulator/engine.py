@@ -99,14 +99,11 @@ class Simulation:
         self.deleting: set[str] = set()
         self.card_pods: dict[str, int] = {f"gpu{i}": 0 for i in range(venue.gpus_per_node)}
         self.pod_card: dict[str, str] = {}
-        self.verified: set[str] = set()
         self.units = 0
         self.area = 0.0
         self.busy = self.peak_busy = 0
         self.created = 0
         self.ticking = False
-        self.slots_per_card = 1 + venue.pool.standbys_per_active
-        self.pending: dict[str, list[str]] = {}
         self.floor_units = sum(s.min_count for s in self.catalog.pools.values())
 
     # -- programs ------------------------------------------------------------------------
@@ -196,7 +193,7 @@ class Simulation:
         self.busy += len(lease.pods)
         if self.busy > self.peak_busy:
             self.peak_busy = self.busy
-        self._push(job.first + job.body, _DONE, job)
+        self._push(job.first + job.body + v.job_overhead.sample(rng), _DONE, job)
 
     # -- the pod shell -------------------------------------------------------------------
     def _create(self, action: CreatePod) -> None:
@@ -215,14 +212,6 @@ class Simulation:
             self.pod_card[name] = card
         self.created += 1
         self.units = self.ledger.used(self.acc)
-        if card is not None and self.card_pods[card] > self.slots_per_card:
-            # Every share on the card is taken, terminating pods included: the GPU scheduler
-            # keeps this pod pending until one of them is gone.
-            self.pending.setdefault(card, []).append(name)
-            return
-        self._begin_start(name)
-
-    def _begin_start(self, name: str) -> None:
         self.starting += 1
         self._push(self.now + self.venue.start_time(self.rng, self.starting), _READY, name)
 
@@ -232,9 +221,9 @@ class Simulation:
             return
         card = self.pod_card.get(name)
         self.tracker.pod_ready(name, self.now)
-        if card is not None and card not in self.verified:
-            # The exclusivity sweep: a dedicated benchmark node has only our shares.
-            self.verified.add(card)
+        if card is not None and not self.tracker.gpu_verified(card):
+            # The exclusivity sweep: a dedicated benchmark node has only our shares. (The
+            # tracker forgets a card's verification when the card empties.)
             self.tracker.mark_gpu_verified(card, True, self.now)
         self._wake()
 
@@ -252,9 +241,6 @@ class Simulation:
         card = self.pod_card.pop(name, None)
         if card is not None:
             self.card_pods[card] -= 1
-            waiting = self.pending.get(card)
-            if waiting:
-                self._begin_start(waiting.pop(0))
         self.units = self.ledger.used(self.acc)
         self._wake()
 
@@ -270,7 +256,10 @@ class Simulation:
         self.peak_busy = self.busy
         self.created = 0
 
-    def run(self, horizon_s: float = 1e9, until_idle: bool = False) -> RunResult:
+    def run(self, horizon_s: float = 1e6, until_idle: bool = False) -> RunResult:
+        """Handle events until the last job is done and the pool has drained (or its keep-
+        alives have had time to expire). Raises ``RuntimeError`` if jobs are still queued at
+        ``horizon_s``: a stuck simulation is a finding, never a silent number."""
         heap, pop = self.heap, heapq.heappop
         tick = self.venue.tick_s if not self.event_mode else self.venue.reconcile_s
         if not self.ticking:
@@ -322,7 +311,11 @@ class Simulation:
                 stop_at = min(stop_at, t + self._drain_s())
             if end >= 0 and self.units <= self.floor_units * self.per_unit and not self.deleting:
                 break
-        self.now = max(self.now, 0.0)
+        if end < 0 and self.live_jobs:
+            raise RuntimeError(
+                f"{self.live_jobs} jobs still unfinished at t={self.now:.0f} s "
+                f"({len(self.queue)} queued): the simulated pool is stuck"
+            )
         start = min((j.submitted for j in self.jobs), default=0.0)
         return RunResult(
             jobs=self.jobs, start=start, end=end if end >= 0 else self.now,

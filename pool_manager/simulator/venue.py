@@ -80,6 +80,9 @@ class Venue:
     """Commit -> the agent has the attempt (package, env)."""
     first_instruction: Dist = Dist(0.12, 0.15)
     """Agent accepted -> the job's first instruction."""
+    job_overhead: Dist = Dist(0.0, 0.0)
+    """In-job time around the fixed body (interpreter and framework start-up and teardown,
+    result upload): the pod stays busy and the caller waits."""
     reset_s: float = 0.01
     """Job ended -> verified reset done, pod released."""
     dispatch_mode: str = "event"
@@ -114,7 +117,7 @@ class Venue:
 _POOL_KEYS = {f for f in PoolSpec.__dataclass_fields__}
 _TOP = {
     "name", "pool", "budget", "start_phases", "start_contention", "termination", "accept_s",
-    "tenant_wait",
+    "tenant_wait", "job_overhead",
     "dispatch_s", "handoff", "first_instruction", "reset_s", "dispatch_mode", "tick_s",
     "reconcile_s", "gpus_per_node", "notes",
 }  # fmt: skip
@@ -131,7 +134,7 @@ def venue_from_mapping(data: Mapping[str, Any]) -> Venue:
     pool = PoolSpec(**pool_raw)
     kw: dict[str, Any] = {"name": str(data["name"]), "pool": pool, "budget": int(data["budget"])}
     kw["start_phases"] = {str(k): Dist.parse(v) for k, v in data["start_phases"].items()}
-    for key in ("termination", "handoff", "first_instruction", "tenant_wait"):
+    for key in ("termination", "handoff", "first_instruction", "tenant_wait", "job_overhead"):
         if key in data:
             kw[key] = Dist.parse(data[key])
     for key in ("start_contention", "accept_s", "dispatch_s", "reset_s", "tick_s", "reconcile_s"):

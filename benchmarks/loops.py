@@ -1,0 +1,187 @@
+"""The paper's loops against the real broker on local pods (§9.1, App. B.2-B.4; issue 6).
+
+    python -m benchmarks.loops --workload w-agent --arms reuse-on,reuse-off,fresh \
+        --repeats 5 --scale 0.25 --json
+
+Runs the simulator's own caller programs (W-Agent, W-RL) in real time against a broker started
+with ``gateway.harness.start_broker``: a ``Batch`` submits its jobs concurrently (one thread per
+job, synchronous ``invoke``) and waits for all of them; a pause sleeps. Job bodies are a fixed
+sleep (``benchmarks/loop_fn``), and bodies and pauses are multiplied by ``--scale`` so paired
+repeats fit in minutes. Arms differ only in acquisition: ``reuse-on`` a stable tag per caller,
+``reuse-off`` a fresh tag per job (retiring boundary), ``fresh`` a ``single_use`` function.
+Arms are rotated per repeat and each arm's callers are fresh names, so no arm inherits another
+arm's owner-held pods (never-used idle pods do carry over, as in the paper's crossover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from functions.sdk import Client
+from gateway.auth import Role
+from gateway.harness import BrokerServer, kill_pods, start_broker
+from pool_manager.simulator.experiment import Workload
+from pool_manager.simulator.metrics import bootstrap_ci
+from pool_manager.simulator.workloads import Batch, Program
+
+FN_DIR = Path(__file__).resolve().parent / "loop_fn"
+CATALOG = """budgets: {cpu: %(cap)d}
+pools:
+  cpu: {min_count: 0, max_idle_count: 2, max_count: %(cap)d, idle_timeout_s: 60, step: %(cap)d}
+"""
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: list[dict[str, Any]] = []
+
+
+def _invoke(client: Client, fn: str, body: float, tag: str | None, rec: Recorder) -> None:
+    t0 = time.time()
+    job = client.invoke(fn, {"s": body}, lease_tag=tag)
+    t1 = time.time()
+    timings = job.get("timings") or {}
+    first = timings.get("first_instruction")
+    submitted = timings.get("submitted") or t0
+    row = {
+        "state": job.get("state"),
+        "path": (job.get("acquisition") or {}).get("path"),
+        "start_s": (first - submitted) if first else None,
+        "t0": t0,
+        "t1": t1,
+    }
+    with rec.lock:
+        rec.jobs.append(row)
+
+
+def _run_caller(server: BrokerServer, caller: str, program: Program, arm: str, scale: float,
+                rec: Recorder) -> None:  # fmt: skip
+    fn = "sleep-fresh" if arm == "fresh" else "sleep"
+    seq = 0
+    with server.client(caller) as client, ThreadPoolExecutor(16) as pool:
+        for cmd in program:
+            if isinstance(cmd, Batch):
+                futures = []
+                for body in cmd.bodies:
+                    seq += 1
+                    tag = None if arm == "fresh" else caller
+                    if arm == "reuse-off":
+                        tag = f"{caller}/{seq}"
+                    futures.append(pool.submit(_invoke, client, fn, body * scale, tag, rec))
+                for f in futures:
+                    f.result()
+            else:
+                time.sleep(float(cmd) * scale)  # type: ignore[arg-type]
+
+
+def run_arm(server: BrokerServer, workload: Workload, arm: str, seed: int, repeat: int,
+            scale: float) -> dict[str, Any]:  # fmt: skip
+    rec = Recorder()
+    threads = [
+        threading.Thread(target=_run_caller,
+                         args=(server, f"{arm}-r{repeat}-{caller}", program, arm, scale, rec))
+        for caller, program in workload.programs(seed)
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    starts = [j["start_s"] for j in rec.jobs if j["start_s"] is not None]
+    return {
+        "makespan_s": max(j["t1"] for j in rec.jobs) - min(j["t0"] for j in rec.jobs),
+        "starts": starts,
+        "paths": Counter(str(j["path"]) for j in rec.jobs),
+        "failed": sum(1 for j in rec.jobs if j["state"] != "SUCCEEDED"),
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--workload", choices=("w-agent", "w-rl"), default="w-agent")
+    p.add_argument("--arms", default="reuse-on,reuse-off,fresh")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--agents", type=int, default=2)
+    p.add_argument("--scale", type=float, default=0.25, help="multiply bodies and pauses")
+    p.add_argument("--cap", type=int, default=8, help="pool ceiling and CPU budget (pods)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ("reuse-on", "reuse-off", "fresh")]
+    if bad:
+        print(f"unknown arm {bad[0]!r}", file=sys.stderr)
+        return 2
+    workload = Workload(args.workload, agents=args.agents)
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="firepool-loops-") as tmp:
+        home = Path(tmp)
+        server = start_broker(home, CATALOG % {"cap": args.cap})
+        try:
+            with server.client("deployer", Role.DEPLOY) as fp:
+                fp.deploy(FN_DIR, name="sleep", sku="cpu", entrypoint="sleeper:run")
+                fp.deploy(FN_DIR, name="sleep-fresh", sku="cpu", entrypoint="sleeper:run",
+                          single_use=True)  # fmt: skip
+            for r in range(args.repeats):
+                order = arms[r % len(arms) :] + arms[: r % len(arms)]
+                for arm in order:
+                    runs[arm].append(run_arm(server, workload, arm, args.seed + r, r, args.scale))
+        finally:
+            server.stop()
+            kill_pods(home)
+    out = summarize(runs, arms)
+    out.update(workload=args.workload, scale=args.scale, repeats=args.repeats,
+               agents=args.agents if args.workload == "w-agent" else None,
+               wall_s=time.perf_counter() - t_start)  # fmt: skip
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for arm, s in out["arms"].items():
+            p50, p90 = s["start_p50_s"], s["start_p90_s"]
+            print(f"{arm:>10}: makespan median {s['makespan_median_s']:.2f} s, "
+                  f"start p50 {p50:.3f} s p90 {p90:.3f} s, paths {s['paths']}")  # fmt: skip
+    return 0
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[str, Any]:
+    ref = np.array([r["makespan_s"] for r in runs[arms[0]]])
+    out: dict[str, Any] = {"arms": {}}
+    for arm in arms:
+        ms = np.array([r["makespan_s"] for r in runs[arm]])
+        starts = [s for r in runs[arm] for s in r["starts"]]
+        paths: Counter[str] = Counter()
+        for r in runs[arm]:
+            paths.update(r["paths"])
+        s: dict[str, Any] = {
+            "makespan_s": [float(x) for x in ms],
+            "makespan_median_s": float(np.median(ms)),
+            "start_p50_s": float(np.percentile(starts, 50)) if starts else None,
+            "start_p90_s": float(np.percentile(starts, 90)) if starts else None,
+            "paths": dict(sorted(paths.items())),
+            "failed_jobs": sum(r["failed"] for r in runs[arm]),
+        }
+        if arm != arms[0]:
+            n = min(len(ms), len(ref))
+            s["speedup_vs_" + arms[0]] = float(np.median(ms[:n]) / np.median(ref[:n]))
+            s["makespan_diff_median_s"] = float(np.median(ms[:n] - ref[:n]))
+            diff = ms[:n] - ref[:n]
+            s["makespan_diff_ci95"] = bootstrap_ci(n, lambda i, d=diff: float(np.median(d[i])))
+        out["arms"][arm] = s
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

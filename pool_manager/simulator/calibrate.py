@@ -1,0 +1,111 @@
+"""``firepool simulate calibrate``: measure the ``local`` venue on this machine.
+
+Starts real local pods (``pool_manager.backends.local``) and times create -> agent healthy
+(``GET /healthz`` over the pod's socket), one at a time and several at once (contention), and
+delete -> every process gone (termination). Writes the medians and p90s into the venue YAML,
+keeping every other constant of the file. The broker's own costs (dispatch, hand-off) are not
+measured here: the simulator must not import the gateway (``benchmarks/invoke.py`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pool_manager.backends.local import LocalBackend
+from pool_manager.catalog import PoolSpec
+from pool_manager.simulator.venue import VENUE_DIR
+
+
+def _healthy(endpoint: str) -> bool:
+    """One ``GET /healthz`` over the agent's unix socket (or tcp host:port)."""
+    kind, _, where = endpoint.partition(":")
+    try:
+        if kind == "unix":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            s.connect(where)
+        else:
+            host, _, port = where.rpartition(":")
+            s = socket.create_connection((host, int(port)), timeout=1.0)
+        with s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+async def _start(backend: LocalBackend, name: str, pool: PoolSpec, timeout: float) -> float:
+    t0 = time.perf_counter()
+    pod = await backend.create(name, pool)
+    delay = 0.002
+    while time.perf_counter() - t0 < timeout:
+        if await asyncio.to_thread(_healthy, pod.endpoint):
+            return time.perf_counter() - t0
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    raise TimeoutError(f"pod {name} never became healthy")
+
+
+async def measure(pods: int, burst: int, timeout: float = 60.0) -> dict[str, list[float]]:
+    pool = PoolSpec(sku="cpu")
+    single: list[float] = []
+    together: list[float] = []
+    term: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="firepool-calibrate-") as tmp:
+        backend = LocalBackend(Path(tmp))
+        try:
+            for i in range(pods):
+                single.append(await _start(backend, f"cal-{i}", pool, timeout))
+                t0 = time.perf_counter()
+                await backend.delete(f"cal-{i}")
+                term.append(time.perf_counter() - t0)
+            names = [f"burst-{i}" for i in range(burst)]
+            together = list(await asyncio.gather(*(_start(backend, n, pool, timeout)
+                                                   for n in names)))  # fmt: skip
+            for n in names:
+                await backend.delete(n)
+        finally:
+            await backend.close()
+    return {"single": single, "together": together, "termination": term}
+
+
+def _dist(values: list[float]) -> dict[str, float]:
+    return {"median": round(float(np.median(values)), 4),
+            "p90": round(float(np.percentile(values, 90)), 4)}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="firepool simulate calibrate", description=__doc__)
+    p.add_argument("--pods", type=int, default=8, help="sequential starts to time")
+    p.add_argument("--burst", type=int, default=4, help="pods started at once (contention)")
+    p.add_argument("--out", default=str(VENUE_DIR / "local.yaml"))
+    args = p.parse_args(argv)
+    got = asyncio.run(measure(args.pods, args.burst))
+    out = Path(args.out)
+    data: dict[str, Any] = yaml.safe_load(out.read_text()) if out.exists() else {}
+    single = float(np.median(got["single"]))
+    burst = float(np.median(got["together"]))
+    contention = max(0.0, (burst / single - 1.0) / max(1, args.burst - 1))
+    data["start_phases"] = {"spawn_to_healthz": _dist(got["single"])}
+    data["start_contention"] = round(contention, 4)
+    data["termination"] = _dist(got["termination"])
+    notes = dict(data.get("notes") or {})
+    notes.pop("all", None)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    notes["start_phases"] = f"measured {stamp}: {args.pods} sequential local pod starts"
+    notes["start_contention"] = f"measured {stamp}: {args.burst} pods at once, median {burst:.3f} s"
+    notes["termination"] = f"measured {stamp}: delete -> processes gone"
+    data["notes"] = notes
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    print(f"create->ready median {single:.3f} s, {args.burst} at once {burst:.3f} s, "
+          f"termination median {np.median(got['termination']):.3f} s -> {out}")  # fmt: skip
+    return 0
