@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _median_of(values: np.ndarray) -> Callable[[np.ndarray], float]:
+    return lambda idx: float(np.median(values[idx]))
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[str, Any]:
     ref = np.array([r["makespan_s"] for r in runs[arms[0]]])
     out: dict[str, Any] = {"arms": {}}
@@ -177,8 +182,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[st
             n = min(len(ms), len(ref))
             s["speedup_vs_" + arms[0]] = float(np.median(ms[:n]) / np.median(ref[:n]))
             s["makespan_diff_median_s"] = float(np.median(ms[:n] - ref[:n]))
-            diff = ms[:n] - ref[:n]
-            s["makespan_diff_ci95"] = bootstrap_ci(n, lambda i, d=diff: float(np.median(d[i])))
+            s["makespan_diff_ci95"] = bootstrap_ci(n, _median_of(ms[:n] - ref[:n]))
         out["arms"][arm] = s
     return out
 
