@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=0.02, help="session arrivals per second")
     p.add_argument("--duration", type=float, default=7200.0, help="arrival window (s)")
     p.add_argument("--envs", type=int, default=1, help="distinct environments (Zipf s=1)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply bodies and pauses")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--report",
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     workload = Workload(
         args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
         pattern=args.pattern, rate=args.rate, duration_s=args.duration, envs=args.envs,
-        jobs=args.jobs,
+        jobs=args.jobs, scale=args.scale,
     )  # fmt: skip
     results, jobs, wall = run_arms(venue, workload, arms, args.repeats, args.seed)
     out = _clean(report(venue, workload, results, jobs, wall))

@@ -73,8 +73,11 @@ class RunResult:
 class Simulation:
     """One run: one venue, one arm, one seed, some caller programs."""
 
-    def __init__(self, venue: Venue, arm: Arm, seed: int, envs: int = 1) -> None:
+    def __init__(
+        self, venue: Venue, arm: Arm, seed: int, envs: int = 1, scale: float = 1.0
+    ) -> None:
         self.venue = venue
+        self.scale = scale
         self.arm = arm
         self.catalog = build_catalog(venue, arm, envs)
         self.ledger = BudgetLedger(self.catalog.budgets)
@@ -123,7 +126,7 @@ class Simulation:
                 self.live_procs -= 1
                 return
             if isinstance(cmd, float | int):
-                self._push(self.now + cmd, _WAKE, proc)
+                self._push(self.now + cmd * self.scale, _WAKE, proc)
                 return
             if isinstance(cmd, Batch):
                 self._submit(proc, cmd)
@@ -143,7 +146,7 @@ class Simulation:
             tag = caller if arm.tag == "stable" else f"{caller}/{proc.seq}"
             req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
                                single_use=arm.single_use, queued_at=now)  # fmt: skip
-            job = Job(req, proc, body, now)
+            job = Job(req, proc, body * self.scale, now)
             self.queue.append(job)
             self.jobs.append(job)
         proc.pending = len(batch.bodies)

@@ -43,6 +43,8 @@ class Workload:
     """Start each repeat on the pool the previous repeat left (same callers, a pause of
     ``gap_s``), as back-to-back repeats on a benchmark pool do; otherwise an empty pool."""
     gap_s: float = 10.0
+    scale: float = 1.0
+    """Multiply every body and pause (``benchmarks.loops --scale`` does the same)."""
 
     def programs(self, seed: int) -> list[tuple[str, Program]]:
         body = None if self.body_s is None else (self.body_s, self.body_s)
@@ -100,7 +102,7 @@ class ArmRuns:
 
 
 def run_once(venue: Venue, arm: Arm, workload: Workload, seed: int) -> tuple[RunMetrics, int]:
-    sim = Simulation(venue, arm, seed, envs=workload.envs)
+    sim = Simulation(venue, arm, seed, envs=workload.envs, scale=workload.scale)
     if workload.warm_start:
         sim.warm_up(workload.programs(seed + 100_003))
         for caller, program in workload.programs(seed):
