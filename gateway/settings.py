@@ -69,7 +69,7 @@ class Settings:
     def from_env(cls, **overrides: object) -> Settings:
         env = os.environ
         base = cls(
-            home=Path(env.get("FIREPOOL_HOME", ".firepool")),
+            home=Path(env.get("FIREPOOL_HOME", ".firepool")).resolve(),
             store_url=env.get("FIREPOOL_STORE_URL") or None,
             catalog_path=Path(env["FIREPOOL_CATALOG"]) if env.get("FIREPOOL_CATALOG") else None,
             public_url=env.get("FIREPOOL_PUBLIC_URL") or None,

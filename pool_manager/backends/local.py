@@ -68,7 +68,7 @@ class LocalBackend:
     """Pods as local agent processes under ``root``."""
 
     def __init__(self, root: Path, python: str = sys.executable, sandbox: bool | None = None):
-        self.root = root
+        self.root = root.resolve()  # pods run elsewhere (their own cwd): never relative
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.sandbox = sandbox

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.harness import REPO, free_port, kill_pods
-from tests.conftest import EXAMPLES, BrokerServer
+from gateway.auth import Authenticator, Role, load_or_create_key
+from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
+from tests.conftest import EXAMPLES
 
 
 def _firepool(server: BrokerServer, *args: str, token: str | None = None) -> str:
@@ -83,3 +84,34 @@ def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
     assert "alice starts a new episode" in proc.stdout
     assert "acquisition paths:" in proc.stdout
     assert "curl" in proc.stdout
+
+
+def test_a_relative_state_directory_works(tmp_path: Path) -> None:
+    """``make run`` uses ./.firepool: pods must not inherit a path relative to the broker."""
+    env = dict(os.environ, FIREPOOL_HOME=".firepool-rel")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    home = tmp_path / ".firepool-rel"
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, home / "broker.log")
+        server = BrokerServer(
+            url=f"http://127.0.0.1:{port}",
+            home=home,
+            proc=proc,
+            auth=Authenticator(load_or_create_key(home / "signing.key")),
+        )
+        with server.client("rel-dev", Role.DEPLOY) as fp:
+            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+        with server.client("rel-user") as fp:
+            job = fp.wait(fp.submit("noop", 5), timeout_s=30)
+            assert job["state"] == "SUCCEEDED" and job["output"] == 5
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        kill_pods(home)
