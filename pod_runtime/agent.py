@@ -76,6 +76,7 @@ class Agent:
             sandboxed=settings.sandboxed,
             deadline_s=settings.reset_deadline_s,
             gpu_check=self._gpu_check if settings.gpu_uuids else None,
+            fault_unclean_resets=settings.fault_unclean_resets,
         )
         self.reaper: spawner.Reaper | None = None
         self.zygote: spawner.ZygoteClient | None = None

@@ -134,6 +134,7 @@ def agent_command(
     role: str = "active",
     gpu_uuids: Sequence[str] = (),
     sandbox: bool | None = None,
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never."""
     global _warned
@@ -160,6 +161,7 @@ def agent_command(
         agent.append("--no-network-note")
     for uuid in gpu_uuids:
         agent += ["--gpu-uuid", uuid]
+    agent += list(extra_args)  # further agent options (limits), see settings.parse_args
     use_sandbox = False
     if sandbox is not False:
         ok, why = sandbox_status()

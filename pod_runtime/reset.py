@@ -144,8 +144,10 @@ class Resetter:
         kill: proctree.KillFn = os.kill,
         gpu_check: Callable[[], Awaitable[str | None]] | None = None,
         cgroups: JobCgroups | None = None,
+        fault_unclean_resets: int = 0,
     ) -> None:
         self.cgroups = cgroups
+        self.faults_left = fault_unclean_resets
         self.layout = layout
         self.sandboxed = sandboxed
         self.deadline_s = deadline_s
@@ -216,6 +218,9 @@ class Resetter:
             if gpu_problem:
                 reasons.append(gpu_problem)
         duration_ms = (time.perf_counter() - start) * 1000.0
+        if self.faults_left > 0:
+            self.faults_left -= 1
+            reasons.append("fault injected: a job process survived SIGKILL (simulated)")
         return ResetReport(
             clean=not reasons,
             reason="; ".join(reasons) if reasons else "clean",

@@ -4,12 +4,14 @@
 ``[--preload a,b] [--no-zygote] [--role active|standby] [--gpu-uuid U]... [--no-network-note]``
 ``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
 ``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``.
-Frozen after start; nothing else reads the environment.
+Frozen after start; apart from one test-only fault-injection variable (``FAULT_ENV``),
+nothing reads the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,6 +64,10 @@ class PodLayout:
             path.mkdir(parents=True, exist_ok=True)
 
 
+FAULT_ENV = "FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS"
+"""The one variable the agent reads: a test-only fault injection (see AgentSettings)."""
+
+
 @dataclass(frozen=True, slots=True)
 class AgentSettings:
     """Everything the agent is told at start."""
@@ -97,6 +103,10 @@ class AgentSettings:
     """Use a per-job cgroup v2 where writable (False: /proc tracking only)."""
     python: str = sys.executable
     """Interpreter for the zygote, exec-mode jobs and dependency installs."""
+    fault_unclean_resets: int = 0
+    """Fault injection for tests (FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS): this pod's first N
+    resets report unclean, as if a job's process had survived SIGKILL, so the broker's
+    retire-and-replace path can be exercised end to end. Never set in production."""
 
     @property
     def layout(self) -> PodLayout:
@@ -144,4 +154,5 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         job_memory_max=args.job_memory_max,
         job_pids_max=args.job_pids_max,
         cgroups=not args.no_cgroups,
+        fault_unclean_resets=int(os.environ.get(FAULT_ENV, "0") or 0),
     )

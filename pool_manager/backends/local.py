@@ -39,6 +39,16 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+def limit_args(pool: PoolSpec) -> list[str]:
+    """The pool's per-job limits as agent options (enforced where cgroup v2 allows)."""
+    args = []
+    if pool.memory_limit_mb is not None:
+        args += ["--job-memory-max", str(pool.memory_limit_mb * 1024 * 1024)]
+    if pool.pids_limit is not None:
+        args += ["--job-pids-max", str(pool.pids_limit)]
+    return args
+
+
 def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: float = 2.0) -> None:
     """Stop every process of the pod in ``pod_dir``: SIGTERM its launcher (which kills the
     pod's cgroup where there is one), kill the pod cgroup, then SIGKILL what is left of the
@@ -117,6 +127,7 @@ class LocalBackend:
             role=role,
             gpu_uuids=(gpu,) if gpu else (),
             sandbox=self.sandbox,
+            extra_args=limit_args(pool),
         )
         created = time.time()
         meta: dict[str, object] = {

@@ -124,3 +124,34 @@ def test_outputs_and_logs_expire_after_the_retention_with_an_Expired_answer(
     finally:
         server.stop()
         kill_pods(home)
+
+
+def test_an_unclean_reset_retires_the_pod_and_the_next_job_gets_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """Every pod's first reset reports unclean (the agent's fault injection simulating a job
+    process that survived SIGKILL): 5/5 jobs still succeed, each on a fresh pod, and no
+    pod that reset unclean is ever used again."""
+    home = tmp_path / "unclean"
+    server = start_broker(home, CATALOG, extra_env={"FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS": "1"})
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="whoami", sku="cpu", entrypoint="behaviours:whoami")
+        with server.client("unlucky") as fp:
+            jobs = [fp.invoke("whoami", None, lease_tag="same") for _ in range(5)]
+        assert [j["state"] for j in jobs] == ["SUCCEEDED"] * 5
+        pods = [j["attempts"][0]["pods"][0] for j in jobs]
+        assert len(set(pods)) == 5, "a pod that reset unclean was reused"
+        assert all(j["acquisition"]["path"] != "warm" for j in jobs)
+        with server.client("ops", Role.ADMIN) as fp:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                alive = {p["name"] for p in fp._http.get("/v1/pools?pods=1").json()["pod_list"]}
+                if not alive & set(pods):
+                    break
+                time.sleep(0.1)
+        assert not alive & set(pods), "retired pods must be deleted"
+        assert server.log().count("reset unclean") >= 5
+    finally:
+        server.stop()
+        kill_pods(home)
