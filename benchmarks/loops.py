@@ -39,7 +39,8 @@ from pool_manager.simulator.workloads import Batch, Program
 FN_DIR = Path(__file__).resolve().parent / "loop_fn"
 CATALOG = """budgets: {cpu: %(cap)d}
 pools:
-  cpu: {min_count: 0, max_idle_count: 2, max_count: %(cap)d, idle_timeout_s: 60, step: %(cap)d}
+  cpu: {min_count: 0, max_idle_count: 2, max_count: %(cap)d, idle_timeout_s: 60,
+        caller_hold_s: %(hold)s, step: %(cap)d}
 """
 
 
@@ -118,6 +119,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--scale", type=float, default=0.25, help="multiply bodies and pauses")
     p.add_argument("--cap", type=int, default=8, help="pool ceiling and CPU budget (pods)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hold", type=float, default=10.0, help="owner hold (caller_hold_s)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=12.0,
+        help="pause between arms so the previous arm's owner holds expire",
+    )
+    p.add_argument("--home", default=None, help="keep the broker's state (and broker.log) here")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -129,8 +138,8 @@ def main(argv: list[str]) -> int:
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="firepool-loops-") as tmp:
-        home = Path(tmp)
-        server = start_broker(home, CATALOG % {"cap": args.cap})
+        home = Path(args.home) if args.home else Path(tmp)
+        server = start_broker(home, CATALOG % {"cap": args.cap, "hold": args.hold})
         try:
             with server.client("deployer", Role.DEPLOY) as fp:
                 fp.deploy(FN_DIR, name="sleep", sku="cpu", entrypoint="sleeper:run")
@@ -139,6 +148,9 @@ def main(argv: list[str]) -> int:
             for r in range(args.repeats):
                 order = arms[r % len(arms) :] + arms[: r % len(arms)]
                 for arm in order:
+                    # Without the pause, the previous arm's callers still hold their pods: on a
+                    # full ceiling the next arm waits for hold breaking (60 s minimum tenure).
+                    time.sleep(args.settle)
                     runs[arm].append(run_arm(server, workload, arm, args.seed + r, r, args.scale))
         finally:
             server.stop()
@@ -146,6 +158,7 @@ def main(argv: list[str]) -> int:
     out = summarize(runs, arms)
     out.update(workload=args.workload, scale=args.scale, repeats=args.repeats,
                agents=args.agents if args.workload == "w-agent" else None,
+               hold_s=args.hold, settle_s=args.settle, cap=args.cap,
                wall_s=time.perf_counter() - t_start)  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=2))

@@ -132,11 +132,11 @@ def _fig7(out: Path, rows: list[dict[str, Any]]) -> str:
     fig.tight_layout()
     fig.savefig(out / "fig7_speedup_vs_body.png", dpi=120)
     plt.close(fig)
-    short = {w: [r["speedup"] for r in rows if r["workload"] == w and r["think_s"] == 0
+    short = {w: [round(r["speedup"], 2) for r in rows if r["workload"] == w and r["think_s"] == 0
                  and r["body_s"] <= 2] for w in ("w-rl", "w-agent")}  # fmt: skip
     return (
-        f"Crossover (speedup < 1.1x, no think time): RL {cross['w-rl']} s (paper ~196 s), "
-        f"agent {cross['w-agent']} s (paper ~104 s). At 1-2 s bodies: RL {short['w-rl']} "
+        f"Crossover (speedup < 1.1x, no think time): RL {_s(cross['w-rl'])} s (paper ~196 s), "
+        f"agent {_s(cross['w-agent'])} s (paper ~104 s). At 1-2 s bodies: RL {short['w-rl']} "
         f"(paper sweep 4.1-4.3x), agent {short['w-agent']} (paper 1.6-2.0x).\n\n"
         + _table(
             ["workload", "think (s)", "body (s)", "speedup", "min", "max"],
@@ -146,6 +146,10 @@ def _fig7(out: Path, rows: list[dict[str, Any]]) -> str:
             ],
         )
     )
+
+
+def _s(x: float | None) -> str:
+    return "none" if x is None else f"{x:.0f}"
 
 
 def _fig5(out: Path, rows: list[dict[str, Any]]) -> str:
