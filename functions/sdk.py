@@ -72,8 +72,10 @@ class Client:
         return resp
 
     # -- packages and functions ---------------------------------------------------------
-    def upload(self, data: bytes) -> str:
-        """Upload bytes content-addressed (skipped when the server has them); return digest."""
+    def upload(self, data: bytes, content_type: str = "application/zip") -> str:
+        """Upload bytes content-addressed (skipped when the server has them); return digest.
+        ``application/zip`` is checked as a package; anything else (a requirements file,
+        ``text/plain``) is stored as it is."""
         digest = sha256_hex(data)
         head = self._http.head(f"/v1/packages/{digest}")
         if head.status_code != 200:
@@ -81,7 +83,7 @@ class Client:
                 "PUT",
                 f"/v1/packages/{digest}",
                 content=data,
-                headers={"Content-Type": "application/zip"},
+                headers={"Content-Type": content_type},
             )
         return digest
 
@@ -116,7 +118,7 @@ class Client:
         if command is not None:
             body["command"] = command
         if requirements is not None:
-            body["requirements"] = self.upload(Path(requirements).read_bytes())
+            body["requirements"] = self.upload(Path(requirements).read_bytes(), "text/plain")
         if env:
             body["env"] = env
         result: dict[str, Any] = self._request("POST", "/v1/functions", json=body).json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -66,16 +67,39 @@ def test_a_process_exit_fails_with_NonZeroExit_and_its_exit_code(
     assert job["exit_code"] == 3
 
 
-def test_a_job_that_never_ran_a_process_has_no_exit_code(behaviours: BrokerServer) -> None:
+def test_a_job_whose_dependencies_fail_has_no_exit_code(
+    behaviours: BrokerServer, tmp_path: Path
+) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("this is == not a requirement\n")
+    with behaviours.client("deployer", Role.DEPLOY) as fp:
+        fp.deploy(
+            BEHAVIOURS,
+            name="baddeps",
+            sku="cpu",
+            entrypoint="behaviours:whoami",
+            requirements=requirements,
+            max_retries=0,
+        )
+    with behaviours.client("rec-ivy") as fp:
+        job = fp.invoke("baddeps", None)
+    assert job["state"] == "FAILED"
+    assert job["error"]["class"] == "DependencyInstallFailed"
+    assert "exit_code" not in job, "no process of the job ever exited"
+    assert job["timings"]["first_instruction"] is None
+
+
+def test_a_running_job_can_be_cancelled(behaviours: BrokerServer) -> None:
     with behaviours.client("rec-ivy") as fp:
         job_id = fp.submit("sleep", 30)
-        cancelled = fp.cancel(job_id)
+        deadline = time.monotonic() + 30
+        while fp.job(job_id)["state"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fp.cancel(job_id)
         final = fp.wait(job_id, timeout_s=30)
     assert final["state"] == "CANCELLED"
     assert final["error"]["class"] == "Cancelled"
-    if not final["attempts"]:
-        assert "exit_code" not in final
-    assert cancelled["id"] == job_id
+    assert final["timings"]["finished"] - final["timings"]["started"] < 20
 
 
 def test_timeout_kills_the_job_and_reports_Timeout(behaviours: BrokerServer) -> None:
