@@ -105,3 +105,9 @@ async def test_the_models_match_the_migrated_schema(empty_url: str) -> None:
         read.dispose()
         write.dispose()
     assert diff == []
+
+
+def test_the_head_revision_constant_matches_the_migrations_directory() -> None:
+    from gateway.store.schema import HEAD_REVISION, head_revision
+
+    assert head_revision() == HEAD_REVISION
