@@ -75,6 +75,8 @@ def _clean(obj: Any) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]  # ``firepool simulate -- --venue ...``
     if argv and argv[0] == "calibrate":
         from pool_manager.simulator.calibrate import main as calibrate_main
 
