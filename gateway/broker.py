@@ -33,6 +33,7 @@ from gateway.recovery import recover
 from gateway.settings import Settings
 from gateway.store import JobStore, StoreSettings, open_store
 from pool_manager.backends.base import PodBackend
+from pool_manager.backends.gpus import GpuInventory
 from pool_manager.backends.local import LocalBackend
 from pool_manager.catalog import Catalog
 from pool_manager.states import JobState
@@ -66,7 +67,9 @@ class Broker:
             settings.resolved_public_url,
             settings.package_url_ttl_s,
         )
-        self.backend: PodBackend = backend or LocalBackend(home / "pods", sandbox=settings.sandbox)
+        self.backend: PodBackend = backend or LocalBackend(
+            home / "pods", sandbox=settings.sandbox, gpus=GpuInventory(self.catalog.gpus)
+        )
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
         self.agents = AgentClient()
@@ -77,6 +80,7 @@ class Broker:
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._gpu_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
         self.counters: Counter[str] = Counter()
@@ -131,6 +135,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         self._loop_task = loop.create_task(self.dispatcher.run())
         self._sweep_task = loop.create_task(self._retention_sweeps())
+        self._gpu_task = loop.create_task(self._gpu_sweeps())
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -154,6 +159,24 @@ class Broker:
             except Exception:
                 log.exception("retention sweep failed")
 
+    async def _gpu_sweeps(self) -> None:
+        """Re-verify each card's exclusivity (paper A.4): standby promotion stays off on a
+        card until a successful read says only our pods use it, and after every restart."""
+        while True:
+            gpus = sorted({p.gpu for p in self.tracker.pods() if p.gpu is not None})
+            if gpus:
+                try:
+                    verdicts = await self.backend.sweep(gpus)
+                except Exception:
+                    log.exception("GPU exclusivity sweep failed; nothing changes this tick")
+                    verdicts = {}
+                now = self.clock()
+                for gpu, exclusive in verdicts.items():
+                    self.tracker.mark_gpu_verified(gpu, exclusive, now)
+                if verdicts:
+                    self._wake()
+            await asyncio.sleep(self.settings.gpu_sweep_s)
+
     def _wake(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.wake()
@@ -165,9 +188,10 @@ class Broker:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        if self._sweep_task is not None:
-            self._sweep_task.cancel()
-            await asyncio.gather(self._sweep_task, return_exceptions=True)
+        for task in (self._sweep_task, self._gpu_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._dispatcher is not None:
             await self.recycler.drain()
             await self.pods.drain()

@@ -85,7 +85,7 @@ class PodManager:
             return
         self.endpoints[name] = pod.endpoint
         if await self.wait_ready(name, pod.endpoint):
-            self.tracker.pod_ready(name, self.clock())
+            self.tracker.pod_ready(name, self.clock(), gpu=pod.gpu)
             self.on_change()
         else:
             log.warning("pod %s never became ready; deleting it", name)

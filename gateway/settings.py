@@ -49,6 +49,8 @@ class Settings:
     """How long an Idempotency-Key deduplicates (FIREPOOL_IDEMPOTENCY_RETENTION_S)."""
     retention_sweep_s: float = 60.0
     """How often outputs past the store's result retention are expired (and logs deleted)."""
+    gpu_sweep_s: float = 10.0
+    """How often each GPU's exclusivity is re-verified (standby promotion needs it)."""
     drain_s: float = 10.0
     """On shutdown: stop intake, wait this long for running jobs, then cancel."""
     max_body_bytes: int = 512 * 1024 * 1024

@@ -20,6 +20,10 @@ MiB = 1024 * 1024
 COMPUTE_GONE_WAIT_S = 2.0
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class Nvml:
     """Lazy NVML handle: ``available`` is decided at the first query, then fixed."""
 
@@ -47,6 +51,21 @@ class Nvml:
 
     def _handle(self, nvml: Any, uuid: str) -> Any:
         return nvml.nvmlDeviceGetHandleByUUID(uuid)
+
+    def devices(self) -> list[tuple[str, str]] | None:
+        """``(uuid, name)`` of every card, ``None`` when NVML is unavailable."""
+        nvml = self._init()
+        if nvml is None:
+            return None
+        out = []
+        try:
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid, name = nvml.nvmlDeviceGetUUID(handle), nvml.nvmlDeviceGetName(handle)
+                out.append((_text(uuid), _text(name)))
+        except Exception:
+            return None
+        return out
 
     def memory_mib(self, uuids: Sequence[str]) -> tuple[int | None, ...]:
         """Each card's total framebuffer in MiB, ``None`` where unknown."""

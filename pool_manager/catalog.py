@@ -98,6 +98,9 @@ class Catalog:
     """Default per-caller limits."""
     caller_limits: Mapping[str, CallerLimits] = field(default_factory=dict)
     """Per-caller overrides of ``limits``."""
+    gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """GPU UUIDs per accelerator this broker may use on the local backend; an accelerator not
+    listed uses every card NVML reports whose name matches it (e.g. ``h200``)."""
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller, self.limits)
@@ -125,7 +128,7 @@ class Catalog:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Catalog:
-        unknown = set(data) - {"pools", "budgets", "limits", "caller_limits"}
+        unknown = set(data) - {"pools", "budgets", "limits", "caller_limits", "gpus"}
         if unknown:
             name = sorted(unknown)[0]
             raise UnknownField(f"unknown catalog key {name!r}", field=name)
@@ -149,7 +152,11 @@ class Catalog:
             str(c): _limits(raw or {}, f"caller_limits.{c}")
             for c, raw in (data.get("caller_limits") or {}).items()
         }
-        return cls(pools=pools, budgets=budgets, limits=limits, caller_limits=callers)
+        gpus = {
+            str(acc): tuple(str(u) for u in uuids or ())
+            for acc, uuids in (data.get("gpus") or {}).items()
+        }
+        return cls(pools=pools, budgets=budgets, limits=limits, caller_limits=callers, gpus=gpus)
 
     @classmethod
     def load(cls, path: Path) -> Catalog:

@@ -11,7 +11,7 @@ Guarantees every backend gives:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +51,11 @@ class PodBackend(Protocol):
 
     async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge annotations (``None`` removes a key); best-effort, never blocks a job."""
+        ...
+
+    async def sweep(self, gpus: Sequence[str]) -> dict[str, bool]:
+        """For each card that could be read: True iff only this broker's pods use it (paper
+        A.4). Cards that could not be read are left out (the caller changes nothing)."""
         ...
 
     async def close(self) -> None:

@@ -19,12 +19,13 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command
 from pool_manager.backends.base import BackendPod
+from pool_manager.backends.gpus import GpuInventory
 from pool_manager.catalog import PoolSpec
 
 
@@ -77,11 +78,18 @@ def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: flo
 class LocalBackend:
     """Pods as local agent processes under ``root``."""
 
-    def __init__(self, root: Path, python: str = sys.executable, sandbox: bool | None = None):
+    def __init__(
+        self,
+        root: Path,
+        python: str = sys.executable,
+        sandbox: bool | None = None,
+        gpus: GpuInventory | None = None,
+    ):
         self.root = root.resolve()  # pods run elsewhere (their own cwd): never relative
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.sandbox = sandbox
+        self.gpus = gpus or GpuInventory({})
         self._children: set[int] = set()
 
     def _reap(self) -> None:
@@ -110,10 +118,30 @@ class LocalBackend:
             return None
         return data if isinstance(data, dict) else None
 
+    def _assign_gpus(self, pool: PoolSpec, role: str, gpu: str | None) -> tuple[str, ...]:
+        """The cards a new pod is pinned to. A standby shares its active's card (``gpu``); an
+        active takes free cards (no other active pod on them), or the create fails."""
+        if not pool.is_gpu:
+            return ()
+        if gpu is not None:
+            return (gpu,)
+        if role == "standby":
+            raise ValueError("a standby pod needs the card of its active pod")
+        busy = {p.gpu for p in self._list() if p.alive and p.role == "active" and p.gpu}
+        free = [card for card in self.gpus.cards(pool.accelerator) if card not in busy]
+        if len(free) < pool.units_per_pod:
+            raise RuntimeError(
+                f"no free {pool.accelerator} GPU on this machine for pool {pool.sku} "
+                f"(cards: {list(self.gpus.cards(pool.accelerator))}, in use: {sorted(busy)})"
+            )
+        return tuple(free[: pool.units_per_pod])
+
     def _spawn(self, name: str, pool: PoolSpec, role: str, gpu: str | None) -> BackendPod:
         pod_dir = self.root / name
         if pod_dir.exists():
             raise ValueError(f"pod {name} already exists")
+        cards = self._assign_gpus(pool, role, gpu)
+        gpu = cards[0] if cards else None
         pod_dir.mkdir(parents=True)
         socket = pod_dir / "agent.sock"
         argv = agent_command(
@@ -125,7 +153,7 @@ class LocalBackend:
             zygote=pool.zygote,
             network=pool.network,
             role=role,
-            gpu_uuids=(gpu,) if gpu else (),
+            gpu_uuids=cards,
             sandbox=self.sandbox,
             extra_args=limit_args(pool),
         )
@@ -227,6 +255,23 @@ class LocalBackend:
 
     async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await asyncio.to_thread(self._annotate, name, annotations)
+
+    def _sweep(self, gpus: Sequence[str]) -> dict[str, bool]:
+        pids = [p for p in (self._pid(pod.name) for pod in self._list() if pod.alive) if p]
+        verdicts = {}
+        for gpu in gpus:
+            verdict = self.gpus.exclusive(gpu, pids)
+            if verdict is not None:  # a failed read changes nothing (fail closed)
+                verdicts[gpu] = verdict
+        return verdicts
+
+    async def sweep(self, gpus: Sequence[str]) -> dict[str, bool]:
+        """Exclusivity of each card that could be read: only our pods compute on it."""
+        return await asyncio.to_thread(self._sweep, gpus)
+
+    def _pid(self, name: str) -> int | None:
+        pid = (self._read_meta(name) or {}).get("pid")
+        return pid if isinstance(pid, int) else None
 
     async def close(self) -> None:
         # Pods outlive the broker; only reap the ones that already exited.

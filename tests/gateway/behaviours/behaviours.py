@@ -32,3 +32,11 @@ def whoami(request):
 def ranks(request):
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "FIREPOOL_CALLER")
     return {k: os.environ.get(k) for k in keys}
+
+
+def gpu_env(request):
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("CUDA_", "NVIDIA_")) or k == "FIREPOOL_POD"
+    }
