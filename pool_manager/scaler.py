@@ -115,7 +115,8 @@ def plan(
     waiting: set[str] = set()
     for req in demand:
         queued[req.sku] += req.pods
-        by_owner.setdefault(req.sku, Counter())[req.caller] += req.pods
+        if not req.single_use:  # a held pod is never clean enough for a single-use job
+            by_owner.setdefault(req.sku, Counter())[req.caller] += req.pods
         waiting.add(req.caller)
     actions: list[Action] = []
     for sku in sorted(snapshot.pools):

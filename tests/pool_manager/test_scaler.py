@@ -213,3 +213,13 @@ def test_concurrent_scaler_passes_never_overshoot_the_budget() -> None:
     for th in threads:
         th.join()
     assert sum(made) == 5 and t.ledger.used("cpu") == 5
+
+
+def test_a_single_use_job_is_demand_even_when_its_caller_holds_a_pod() -> None:
+    """A held pod is supply only for its owner's *reusable* jobs: single-use jobs never run on
+    a used pod, so counting it would leave them queued forever."""
+    t = make_tracker(make_spec(max_idle_count=0, caller_hold_s=600.0))
+    add_ready(t, "a")
+    run_job(t, make_request("alice", tag="t"), now=1.0)  # 'a' is now held for alice
+    actions = t.reconcile([make_request("alice", single_use=True)], 2.0)
+    assert len(creates(actions)) == 1
