@@ -1,9 +1,8 @@
 """Typed errors shared by every layer.
 
-Each error carries an ``error_class`` (the string a caller sees in a job record or an HTTP
-error body) and whether it is *retryable*: only failures that provably ran no user code, or
-that the pod caused (``PodLost``), may be retried automatically. Exactly one place,
-``gateway.errors``, maps these to HTTP status codes.
+Each error carries an ``error_class``: the string a caller sees in a job record or an HTTP
+error body. Which classes are retried is ``gateway.retry_policy``'s decision; exactly one
+place, ``gateway.errors``, maps these to HTTP status codes.
 """
 
 from __future__ import annotations
@@ -33,11 +32,6 @@ class ErrorClass(StrEnum):
     EXPIRED = "Expired"
     UNAVAILABLE = "Unavailable"
     INTERNAL = "InternalError"
-
-
-#: Attempt failures after which an automatic retry is allowed (the attempt ran no user code or
-#: the pod, not the function, failed). FunctionError / NonZeroExit / OOM / Timeout never retry.
-RETRYABLE: frozenset[ErrorClass] = frozenset({ErrorClass.POD_LOST})
 
 
 class FirepoolError(Exception):

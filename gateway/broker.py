@@ -14,7 +14,6 @@ import random
 import secrets
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from functions.errors import InvalidRequest, NotFound
@@ -282,8 +281,3 @@ class Broker:
 
 def request_digest(name: str, body: bytes) -> str:
     return hashlib.sha256(name.encode() + b"\0" + body).hexdigest()
-
-
-def state_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
