@@ -30,6 +30,7 @@ class ErrorClass(StrEnum):
     POD_LOST = "PodLost"
     QUOTA_EXCEEDED = "QuotaExceeded"
     EXPIRED = "Expired"
+    TOO_LARGE = "TooLarge"
     UNAVAILABLE = "Unavailable"
     INTERNAL = "InternalError"
 
@@ -89,6 +90,10 @@ class QuotaExceeded(FirepoolError):
 
 class Expired(FirepoolError):
     error_class = ErrorClass.EXPIRED
+
+
+class TooLarge(FirepoolError):
+    error_class = ErrorClass.TOO_LARGE
 
 
 class Unavailable(FirepoolError):

@@ -18,7 +18,14 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from functions.errors import Expired, FirepoolError, InvalidRequest, NotFound, PackageRejected
+from functions.errors import (
+    Expired,
+    FirepoolError,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    Unavailable,
+)
 from functions.spec import FunctionSpec
 from gateway.auth import Principal, Role
 from gateway.broker import Broker, request_digest
@@ -58,6 +65,24 @@ class JSONResponse(Response):
         return orjson.dumps(content)
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 ``TooLarge`` as soon as it passes ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_body(request: Request) -> Any:
+    return read_body(request, _broker(request).settings.max_json_bytes)
+
+
 def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
     broker: Broker = request.app.state.broker
     principal = broker.auth.authenticate(request.headers.get("authorization"))
@@ -77,7 +102,7 @@ async def put_package(request: Request) -> Response:
     digest = request.path_params["sha256"]
     if request.method == "HEAD":
         return Response(status_code=200 if broker.packages.exists(digest) else 404)
-    body = await request.body()
+    body = await read_body(request, broker.settings.max_body_bytes)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
     check = check_package_file if is_zip else None
     created = await asyncio.to_thread(broker.packages.put, digest, body, check)
@@ -107,7 +132,7 @@ async def get_blob(request: Request) -> Response:
 async def create_function(request: Request) -> Response:
     broker = _broker(request)
     principal = _principal(request, Role.DEPLOY)
-    body = decode(await request.body(), FUNCTION_FIELDS)
+    body = decode(await _json_body(request), FUNCTION_FIELDS)
     command = body["command"]
     if command is not None and not all(isinstance(c, str) for c in command):
         raise InvalidRequest("command must be a list of strings", field="command")
@@ -158,11 +183,9 @@ async def submit_job(request: Request) -> Response:
 async def _invoke(request: Request, name: str, sync: bool) -> Response:
     broker = _broker(request)
     if not broker.accepting:
-        from functions.errors import Unavailable
-
         raise Unavailable("the broker is shutting down")
     principal = _principal(request)
-    raw = await request.body()
+    raw = await _json_body(request)
     body = decode(raw, INVOKE_FIELDS)
     if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= 86400:
         raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
@@ -322,10 +345,6 @@ async def openapi(request: Request) -> Response:
 async def firepool_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FirepoolError)
     return JSONResponse(error_body(exc), status_code=http_status(exc))
-
-
-async def too_large(request: Request, exc: Exception) -> Response:
-    return JSONResponse(error_body(PackageRejected(str(exc))), status_code=413)
 
 
 def create_app(broker: Broker) -> Starlette:

@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
-    print(auth.mint(args.caller, Role(args.role), ttl_s=args.ttl))
+    print(auth.mint(args.caller, Role(args.role), ttl_s=args.ttl or settings.token_ttl_s))
     return 0
 
 
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("token", help="mint a bearer token (printed as the last line)")
     s.add_argument("--caller", required=True)
     s.add_argument("--role", default="invoke", choices=[r.value for r in Role])
-    s.add_argument("--ttl", type=int, default=30 * 86400, help="lifetime in seconds")
+    s.add_argument("--ttl", type=int, help="lifetime in seconds (default 30 days)")
     s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser("down", help="stop every local pod (they outlive the broker by design)")

@@ -15,6 +15,7 @@ STATUS: dict[ErrorClass, int] = {
     ErrorClass.IDEMPOTENCY_MISMATCH: 422,
     ErrorClass.PACKAGE_REJECTED: 422,
     ErrorClass.QUOTA_EXCEEDED: 429,
+    ErrorClass.TOO_LARGE: 413,
     ErrorClass.UNAVAILABLE: 503,
 }
 

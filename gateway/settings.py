@@ -6,7 +6,7 @@ No other module reads ``os.environ`` for configuration; they receive a ``Setting
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -54,10 +54,11 @@ class Settings:
     drain_s: float = 10.0
     """On shutdown: stop intake, wait this long for running jobs, then cancel."""
     max_body_bytes: int = 512 * 1024 * 1024
-    """Largest request body accepted (package uploads)."""
+    """Largest package upload accepted (the paper's 512 MiB compressed cap)."""
+    max_json_bytes: int = 16 * 1024 * 1024
+    """Largest JSON request body (an invoke's input included)."""
     audience: str = "firepool"
     """JWT ``aud`` required on every token."""
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def resolved_store_url(self) -> str:

@@ -168,3 +168,12 @@ def test_idempotency_key_same_body_same_job_other_body_422(broker_server: Broker
     assert a.json()["job_id"] == b.json()["job_id"]
     assert c.status_code == 422
     assert c.json()["error"]["class"] == "IdempotencyMismatch"
+
+
+def test_an_oversized_body_is_refused_with_TooLarge(broker_server: BrokerServer) -> None:
+    with _http(broker_server, "big") as http:
+        resp = http.post(
+            "/v1/functions/noop:invoke", content=b'{"input": "' + b"x" * (17 * 1024 * 1024) + b'"}'
+        )
+    assert resp.status_code == 413
+    assert resp.json()["error"]["class"] == "TooLarge"
