@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,24 +19,9 @@ import pytest
 
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command
+from pod_runtime.localpod import UnixHTTPConnection
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("pod", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
 
 
 class AgentProcess:
@@ -94,7 +77,7 @@ class AgentProcess:
     def call(
         self, method: str, path: str, body: Any = None, timeout: float = 60.0
     ) -> tuple[int, Any]:
-        conn = _UnixConnection(str(self.socket), timeout)
+        conn = UnixHTTPConnection(str(self.socket), timeout)
         try:
             data = orjson.dumps(body) if body is not None else None
             conn.request(method, path, body=data)
