@@ -146,12 +146,6 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from pool_manager.simulator.cli import main as simulate_main
-
-    return simulate_main(args.rest)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="firepool", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="gateway URL (FIREPOOL_URL)")
@@ -214,13 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("functions", help="list functions").set_defaults(fn=cmd_functions)
     sub.add_parser("pools", help="pool status (admin)").set_defaults(fn=cmd_pools)
 
-    s = sub.add_parser("simulate", help="run the virtual-time simulator", add_help=False)
-    s.add_argument("rest", nargs=argparse.REMAINDER)
-    s.set_defaults(fn=cmd_simulate)
+    sub.add_parser("simulate", help="run the virtual-time simulator (simulate --help)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:  # the simulator parses its own options
+        from pool_manager.simulator.cli import main as simulate_main
+
+        return simulate_main([a for a in argv[1:] if a != "--"])
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))

@@ -115,3 +115,31 @@ def test_a_relative_state_directory_works(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=30)
         kill_pods(home)
+
+
+def test_firepool_simulate_takes_its_own_options() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "simulate",
+            "--venue",
+            "h200",
+            "--workload",
+            "w-agent",
+            "--arms",
+            "reuse-on,fresh",
+            "--repeats",
+            "1",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result["arms"]) == {"reuse-on", "fresh"}
+    assert result["arms"]["reuse-on"]["makespan_median_s"] > 0
