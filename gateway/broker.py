@@ -114,7 +114,10 @@ class Broker:
             ready_timeout_s=self.settings.pod_ready_timeout_s,
         )
         self.pods = pods
-        recycler = PodRecycler(self.tracker, pods, self.agents, self.logs, self.clock, self._wake)
+        # A release frees a pod to claim (wake); supply changes (create, ready, gone) replan.
+        recycler = PodRecycler(
+            self.tracker, pods, self.agents, self.logs, self.clock, self._claim_again
+        )
         self.recycler = recycler
         executor = Executor(self.agents, pods.endpoints, self.packages.url)
         self._dispatcher = Dispatcher(
@@ -177,6 +180,10 @@ class Broker:
             await asyncio.sleep(self.settings.gpu_sweep_s)
 
     def _wake(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.replan()
+
+    def _claim_again(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.wake()
 

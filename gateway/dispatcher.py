@@ -73,6 +73,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_reconcile = 0.0
+        self._replan = True
         self._stopping = False
         self.specs: dict[tuple[str, int], FunctionSpec] = {}
 
@@ -80,11 +81,17 @@ class Dispatcher:
     def wake(self) -> None:
         self._wake.set()
 
+    def replan(self) -> None:
+        """Something changed that the scaler must see (a new job, a pod ready or gone): plan
+        on the next pass rather than at the next reconcile tick."""
+        self._replan = True
+        self._wake.set()
+
     def enqueue(self, job: Job) -> None:
         self.live[job.id] = job
         self._queue.append(job)
         self._queue_dirty = True
-        self.wake()
+        self.replan()
 
     def queued(self) -> list[Job]:
         return list(self._queue)
@@ -136,9 +143,10 @@ class Dispatcher:
             self._queue.sort(key=lambda j: (-j.priority, j.submitted))
             self._queue_dirty = False
         requests = [self._request(job) for job in self._queue]
-        reconcile = now >= self._next_reconcile
-        result = dispatch_pass(self.tracker, requests, now, reconcile)
-        if result.waiting or reconcile:
+        reconcile = self._replan or now >= self._next_reconcile
+        result = dispatch_pass(self.tracker, requests, now, reconcile, replan_waiting=False)
+        if reconcile:
+            self._replan = False
             self._next_reconcile = now + self.reconcile_s
         if result.leases:
             placed = {lease.job_id: lease for lease in result.leases}
@@ -299,7 +307,7 @@ class Dispatcher:
         if retry:
             self._queue.append(job)
             self._queue_dirty = True
-            self.wake()
+            self.replan()
         else:
             self._cancel_requested.discard(job.id)
             self._resolve(job)

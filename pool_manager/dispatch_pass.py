@@ -31,11 +31,15 @@ def dispatch_pass(
     queued: Sequence[ClaimRequest],
     now: float,
     reconcile: bool,
+    replan_waiting: bool = True,
 ) -> PassResult:
     """Claim what can be placed now; plan capacity for the rest.
 
     ``queued`` must be in dispatch order (priority, then age). ``reconcile`` forces a scaler
-    pass even with no demand (scale-down, floors, hold expiry).
+    pass even with no demand (scale-down, floors, hold expiry). ``replan_waiting``: also plan
+    whenever a job is left waiting; a caller that knows nothing changed since its last plan
+    (no new job, no pod gone; creates in flight already count as supply) passes False and
+    plans on its tick or on change only, which keeps snapshots off most passes.
     """
     result = PassResult()
     for req in queued:
@@ -44,6 +48,6 @@ def dispatch_pass(
             result.leases.append(claim)
         else:
             result.waiting.append(req)
-    if result.waiting or reconcile:
+    if reconcile or (replan_waiting and result.waiting):
         result.actions.extend(tracker.reconcile(result.waiting, now))
     return result
