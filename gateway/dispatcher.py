@@ -25,6 +25,7 @@ from typing import Any
 
 from functions.errors import ErrorClass
 from functions.spec import FunctionSpec
+from gateway.background import BackgroundTasks
 from gateway.executor import Executor, Outcome
 from gateway.jobs import Attempt, Job
 from gateway.lifecycle import PodRecycler
@@ -71,7 +72,7 @@ class Dispatcher:
         self._waiters: dict[str, list[asyncio.Future[Job]]] = {}
         self._cancel_requested: set[str] = set()
         self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         self._next_reconcile = 0.0
         self._replan = True
         self._stopping = False
@@ -122,9 +123,7 @@ class Dispatcher:
                 fut.set_result(job)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     # -- the loop -----------------------------------------------------------------------
     async def run(self) -> None:
@@ -342,9 +341,4 @@ class Dispatcher:
     async def stop(self, drain_s: float) -> None:
         self._stopping = True
         self.wake()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=drain_s)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.stop(drain_s)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from gateway.agent_client import AgentClient
+from gateway.background import BackgroundTasks
 from pool_manager.backends.base import PodBackend
 from pool_manager.catalog import Catalog
 from pool_manager.model import CreatePod, DeletePod, PodInfo
@@ -45,14 +45,9 @@ class PodManager:
         self.on_change = on_change
         self.ready_timeout_s = ready_timeout_s
         self.endpoints: dict[str, str] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         self._deleting: set[str] = set()
         self._pending_notes: dict[str, dict[str, str | None]] = {}
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def apply(self, action: CreatePod | DeletePod) -> None:
         if isinstance(action, CreatePod):
@@ -70,7 +65,7 @@ class PodManager:
                 ),
                 now,
             )
-            self._spawn(self._create(name, action))
+            self._tasks.spawn(self._create(name, action))
         else:
             self.delete(action.name, action.reason)
 
@@ -108,7 +103,7 @@ class PodManager:
         if name in self._deleting:
             return
         self._deleting.add(name)
-        self._spawn(self._delete(name, reason))
+        self._tasks.spawn(self._delete(name, reason))
 
     async def _delete(self, name: str, reason: str) -> None:
         log.info("deleting pod %s: %s", name, reason)
@@ -143,7 +138,7 @@ class PodManager:
             pending.update(annotations)
             return
         self._pending_notes[name] = dict(annotations)
-        self._spawn(self._flush_notes(name))
+        self._tasks.spawn(self._flush_notes(name))
 
     async def _flush_notes(self, name: str) -> None:
         while (notes := self._pending_notes.get(name)) is not None:
@@ -152,5 +147,4 @@ class PodManager:
                 del self._pending_notes[name]
 
     async def drain(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.drain()
