@@ -31,6 +31,7 @@ from gateway.auth import Principal, Role
 from gateway.broker import Broker, request_digest
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
+from gateway.jobs import Job
 from gateway.metrics import render_metrics
 from gateway.openapi import OPENAPI
 from gateway.package_check import check_package_file
@@ -79,8 +80,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _json_body(request: Request) -> Any:
-    return read_body(request, _broker(request).settings.max_json_bytes)
+async def _json_body(request: Request) -> bytes:
+    return await read_body(request, _broker(request).settings.max_json_bytes)
 
 
 def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
@@ -206,7 +207,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
 
 
 # -- jobs -------------------------------------------------------------------------------
-async def _visible_job(request: Request) -> tuple[Broker, Principal, Any]:
+async def _visible_job(request: Request) -> tuple[Broker, Job]:
     broker = _broker(request)
     principal = _principal(request)
     job = await broker.get_job(request.path_params["job_id"])
@@ -214,11 +215,11 @@ async def _visible_job(request: Request) -> tuple[Broker, Principal, Any]:
         raise NotFound(f"no job {request.path_params['job_id']}")
     if job.output_expired:
         raise Expired(f"job {job.id} ended {job.state}; its output and logs passed retention")
-    return broker, principal, job
+    return broker, job
 
 
 async def job_route(request: Request) -> Response:
-    broker, _, job = await _visible_job(request)
+    broker, job = await _visible_job(request)
     if request.method == "DELETE":
         job = await broker.dispatcher.cancel(job)
     return JSONResponse(job.to_public())
@@ -244,26 +245,28 @@ async def list_jobs(request: Request) -> Response:
 
 
 async def job_logs(request: Request) -> Response:
-    broker, _p, job = await _visible_job(request)
+    """The job's log: live from rank 0's agent while it runs, from the archive afterwards
+    (same byte offsets); ``?follow=1`` streams until the job ends."""
+    broker, job = await _visible_job(request)
     follow = request.query_params.get("follow") in ("1", "true")
-    await broker.recycler.logs_settled(job.id)
 
     async def chunks() -> AsyncIterator[bytes]:
         offset = 0
         while True:
-            current = await broker.get_job(job.id)
-            text = await asyncio.to_thread(broker.logs.read, job.id, offset)
-            if text:
-                offset += len(text.encode())
-                yield text.encode()
-            if not follow or current is None or current.state in TERMINAL_JOB_STATES:
-                if follow and current is not None and not text:
-                    with contextlib.suppress(Exception):
-                        final = await asyncio.to_thread(broker.logs.read, job.id, offset)
-                        if final:
-                            yield final.encode()
+            current = await broker.get_job(job.id) or job
+            running = current.state is JobState.RUNNING and bool(current.attempts)
+            if running:
+                data = await broker.live_log(current, offset)
+            else:
+                await broker.recycler.logs_settled(job.id)
+                data = await asyncio.to_thread(broker.logs.read, job.id, offset)
+            offset += len(data)
+            if data:
+                yield data
+            if not follow or current.state in TERMINAL_JOB_STATES:
                 return
-            await asyncio.sleep(0.25)
+            if not data:
+                await asyncio.sleep(0.25)
 
     return StreamingResponse(chunks(), media_type="text/plain")
 

@@ -20,7 +20,7 @@ from functions.errors import InvalidRequest, NotFound
 from functions.package_store import LocalPackageStore, UrlSigner
 from functions.spec import FunctionSpec
 from gateway import PROCESS_STARTED
-from gateway.agent_client import AgentClient
+from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.auth import Authenticator, Principal, load_or_create_key
 from gateway.dispatcher import Dispatcher
 from gateway.executor import Executor
@@ -278,6 +278,19 @@ class Broker:
             self.counters["jobs_submitted"] += 1
             self.dispatcher.enqueue(stored)
         return stored, created
+
+    async def live_log(self, job: Job, offset: int) -> bytes:
+        """Rank 0's log of the running attempt from ``offset``; empty when it cannot be read
+        (the attempt just ended: the archive has it then)."""
+        pod = job.attempts[-1].pods[0] if job.attempts and job.attempts[-1].pods else None
+        endpoint = self.pods.endpoints.get(pod) if pod else None
+        if endpoint is None:
+            return b""
+        try:
+            chunk = await self.agents.logs(endpoint, job.attempts[-1].id, offset)
+        except AgentUnreachable:
+            return b""
+        return str(chunk.get("data") or "").encode() if chunk else b""
 
     async def get_job(self, job_id: str) -> Job | None:
         live = self.dispatcher.live.get(job_id)

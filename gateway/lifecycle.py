@@ -38,13 +38,14 @@ class LogArchive:
             with self.path(job_id).open("a", encoding="utf-8") as f:
                 f.write(text)
 
-    def read(self, job_id: str, offset: int = 0) -> str | None:
-        path = self.path(job_id)
-        if not path.exists():
-            return None
-        with path.open("r", encoding="utf-8", errors="replace") as f:
-            f.seek(offset)
-            return f.read()
+    def read(self, job_id: str, offset: int = 0) -> bytes:
+        """The archived log from byte ``offset`` (the agent's offsets: the same bytes)."""
+        try:
+            with self.path(job_id).open("rb") as f:
+                f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return b""
 
 
 class PodRecycler:

@@ -54,6 +54,27 @@ def test_logs_of_a_job_are_kept_after_it_ends(broker_server: BrokerServer) -> No
     assert followed == text
 
 
+def test_following_logs_streams_a_running_jobs_output_before_it_ends(
+    broker_server: BrokerServer,
+) -> None:
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="ticker", sku="cpu", entrypoint="behaviours:ticker")
+    with broker_server.client("ops-follow") as fp:
+        job_id = fp.submit("ticker", 8)
+        seen, state_while_streaming = "", None
+        with fp._http.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "1"}) as resp:
+            for chunk in resp.iter_text():
+                seen += chunk
+                if "tick 1" in seen and state_while_streaming is None:
+                    state_while_streaming = fp.job(job_id)["state"]
+        final = fp.job(job_id)
+    assert state_while_streaming == "RUNNING", "the first lines arrived while the job ran"
+    assert final["state"] == "SUCCEEDED"
+    assert [line for line in seen.splitlines() if line.startswith("tick")] == [
+        f"tick {i}" for i in range(8)
+    ], "every line exactly once, in order, across the live and archived parts"
+
+
 def test_pools_report_pods_queue_and_budgets_to_admins(broker_server: BrokerServer) -> None:
     with broker_server.client("ops-admin", Role.ADMIN) as fp:
         report = fp.pools()

@@ -40,3 +40,10 @@ def gpu_env(request):
         for k, v in os.environ.items()
         if k.startswith(("CUDA_", "NVIDIA_")) or k == "FIREPOOL_POD"
     }
+
+
+def ticker(request):
+    for i in range(int(request)):
+        print(f"tick {i}", flush=True)
+        time.sleep(0.3)
+    return "ticked"
