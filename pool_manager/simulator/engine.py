@@ -94,6 +94,7 @@ class Simulation:
         self.live_procs = 0
         self.live_jobs = 0
         self.next_reconcile = 0.0
+        self.replan = True
         self.dispatch_at = float("inf")
         self.event_mode = venue.dispatch_mode == "event"
         self.pod_ids = itertools.count()
@@ -151,6 +152,7 @@ class Simulation:
             self.jobs.append(job)
         proc.pending = len(batch.bodies)
         self.live_jobs += len(batch.bodies)
+        self.replan = True
         self._wake()
 
     # -- the dispatcher shell ------------------------------------------------------------
@@ -162,13 +164,20 @@ class Simulation:
                 self._push(at, _DISPATCH, None)
 
     def _dispatch(self) -> None:
+        """One pass, as ``gateway.dispatcher`` runs it: the scaler plans only when the
+        reconcile tick is due or something it must see changed since its last plan (a job
+        submitted, a pod ready or gone); creates in flight already count as supply, so a
+        pass that only finds a waiting job again does not re-plan."""
         now = self.now
         queue = self.queue
-        reconcile = now >= self.next_reconcile
+        reconcile = self.replan or now >= self.next_reconcile
         if not queue and not reconcile:
             return
-        result = dispatch_pass(self.tracker, [j.req for j in queue], now, reconcile)
-        if result.waiting or reconcile:
+        result = dispatch_pass(
+            self.tracker, [j.req for j in queue], now, reconcile, replan_waiting=False
+        )
+        if reconcile:
+            self.replan = False
             self.next_reconcile = now + self.venue.reconcile_s
         if result.leases:
             placed = {lease.job_id: lease for lease in result.leases}
@@ -224,6 +233,7 @@ class Simulation:
             return
         card = self.pod_card.get(name)
         self.tracker.pod_ready(name, self.now)
+        self.replan = True
         if card is not None and not self.tracker.gpu_verified(card):
             # The exclusivity sweep: a dedicated benchmark node has only our shares. (The
             # tracker forgets a card's verification when the card empties.)
@@ -245,6 +255,7 @@ class Simulation:
         if card is not None:
             self.card_pods[card] -= 1
         self.units = self.ledger.used(self.acc)
+        self.replan = True
         self._wake()
 
     # -- the loop ------------------------------------------------------------------------

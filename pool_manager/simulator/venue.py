@@ -34,11 +34,12 @@ class Dist:
     median: float
     p90: float
 
-    @property
-    def sigma(self) -> float:
-        if self.p90 <= self.median or self.median <= 0:
-            return 0.0
-        return math.log(self.p90 / self.median) / _Z90
+    sigma: float = field(init=False, repr=False, compare=False)
+    """The lognormal's shape, fixed at construction (0: a constant); sampling is hot."""
+
+    def __post_init__(self) -> None:
+        ok = self.p90 > self.median > 0
+        object.__setattr__(self, "sigma", math.log(self.p90 / self.median) / _Z90 if ok else 0.0)
 
     def sample(self, rng: random.Random) -> float:
         s = self.sigma
