@@ -93,7 +93,10 @@ class Simulation:
         self.jobs: list[Job] = []
         self.live_procs = 0
         self.live_jobs = 0
-        self.next_reconcile = 0.0
+        # The broker's reconcile loop runs on its own clock, not the benchmark's: its phase
+        # against the first submission is uniform over one interval (own stream, so the
+        # venue's draws do not move).
+        self.next_reconcile = stream(seed, "reconcile").uniform(0.0, venue.reconcile_s)
         self.replan = True
         self.dispatch_at = float("inf")
         self.event_mode = venue.dispatch_mode == "event"
@@ -167,10 +170,13 @@ class Simulation:
         """One pass, as ``gateway.dispatcher`` runs it: the scaler plans only when the
         reconcile tick is due or something it must see changed since its last plan (a job
         submitted, a pod ready or gone); creates in flight already count as supply, so a
-        pass that only finds a waiting job again does not re-plan."""
+        pass that only finds a waiting job again does not re-plan. The earlier tick-driven
+        dispatcher (``tick`` mode, Table 5's Reuse Off columns) claimed on its tick and scaled
+        only on the reconcile pass (§7: "on every reconcile pass (30 s by default)")."""
         now = self.now
         queue = self.queue
-        reconcile = self.replan or now >= self.next_reconcile
+        due = now >= self.next_reconcile
+        reconcile = due or (self.replan and self.event_mode)
         if not queue and not reconcile:
             return
         result = dispatch_pass(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -106,3 +107,39 @@ def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) ->
         assert key in arm
     assert out["simulated_jobs_per_s"] > 0
     assert main(["--arms", "nope", "--repeats", "1"]) == 2
+
+
+def _plans(monkeypatch: pytest.MonkeyPatch, venue: str, mode: str) -> list[tuple[float, bool]]:
+    """``(now, reconcile)`` of every pass of one W-RL Reuse Off run in ``mode``."""
+    calls: list[tuple[float, bool]] = []
+    real = engine.dispatch_pass
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        assert kwargs.get("replan_waiting") is False  # plans only when the shell asks
+        calls.append((args[2], args[3]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "dispatch_pass", recording)
+    v = load_venue(venue).with_(dispatch_mode=mode)
+    run_once(v, parse_arm("reuse-off"), Workload("w-rl"), 1)
+    return calls
+
+
+def test_the_event_dispatcher_plans_on_change_not_on_every_waiting_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _plans(monkeypatch, "prod-cpu", "event")
+    assert any(not reconcile for _, reconcile in calls)  # waiting passes that do not plan
+    assert any(reconcile for _, reconcile in calls)
+
+
+def test_the_tick_dispatcher_scales_only_on_its_reconcile_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    v = load_venue("prod-cpu")
+    plans = [now for now, reconcile in _plans(monkeypatch, "prod-cpu", "tick") if reconcile]
+    assert len(plans) > 2
+    gaps = [b - a for a, b in itertools.pairwise(plans)]
+    # a reconcile runs on the first tick at or after the interval: never sooner
+    assert min(gaps) >= v.reconcile_s - 1e-9
+    assert max(gaps) <= v.reconcile_s + v.tick_s + 1e-9
