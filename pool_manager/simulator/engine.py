@@ -27,6 +27,7 @@ from pool_manager.simulator.workloads import Batch, Program, Spawn, stream
 from pool_manager.tracker import Tracker
 
 _DISPATCH, _READY, _GONE, _DONE, _RELEASE, _WAKE, _TICK = range(7)
+_heappush = heapq.heappush
 
 
 class Job:
@@ -87,7 +88,7 @@ class Simulation:
         self.acc = venue.pool.accelerator
         self.per_unit = max(1, venue.pool.units_per_pod)
         self.heap: list[tuple[float, int, int, object]] = []
-        self.seq = itertools.count()
+        self.next_seq = itertools.count().__next__
         self.now = 0.0
         self.queue: list[Job] = []
         self.jobs: list[Job] = []
@@ -119,7 +120,7 @@ class Simulation:
         self._step(Proc(caller, program))
 
     def _push(self, t: float, kind: int, obj: object) -> None:
-        heapq.heappush(self.heap, (t, next(self.seq), kind, obj))
+        _heappush(self.heap, (t, self.next_seq(), kind, obj))
 
     def _step(self, proc: Proc) -> None:
         gen = proc.gen
@@ -280,7 +281,8 @@ class Simulation:
         """Handle events until the last job is done and the pool has drained (or its keep-
         alives have had time to expire). Raises ``RuntimeError`` if jobs are still queued at
         ``horizon_s``: a stuck simulation is a finding, never a silent number."""
-        heap, pop = self.heap, heapq.heappop
+        heap, pop, push, seq = self.heap, heapq.heappop, heapq.heappush, self.next_seq
+        reset_s = self.venue.reset_s
         tick = self.venue.tick_s if not self.event_mode else self.venue.reconcile_s
         if not self.ticking:
             self.ticking = True
@@ -303,7 +305,7 @@ class Simulation:
                 proc.pending -= 1
                 if proc.pending == 0:
                     self._step(proc)
-                self._push(t + self.venue.reset_s, _RELEASE, job)
+                push(heap, (t + reset_s, seq(), _RELEASE, job))
             elif kind == _RELEASE:
                 job = obj  # type: ignore[assignment]
                 self.busy -= len(job.pods)
