@@ -75,6 +75,7 @@ class Dispatcher:
         self._tasks = BackgroundTasks()
         self._next_reconcile = 0.0
         self._replan = True
+        self._new_demand = False
         self._stopping = False
         self.specs: dict[tuple[str, int], FunctionSpec] = {}
 
@@ -89,10 +90,13 @@ class Dispatcher:
         self._wake.set()
 
     def enqueue(self, job: Job) -> None:
+        """Queue a job; the next pass claims for it and plans capacity only if it is left
+        waiting (a warm claim changes nothing the scaler must see)."""
         self.live[job.id] = job
         self._queue.append(job)
         self._queue_dirty = True
-        self.replan()
+        self._new_demand = True
+        self.wake()
 
     def queued(self) -> list[Job]:
         return list(self._queue)
@@ -143,8 +147,9 @@ class Dispatcher:
             self._queue_dirty = False
         requests = [self._request(job) for job in self._queue]
         reconcile = self._replan or now >= self._next_reconcile
-        result = dispatch_pass(self.tracker, requests, now, reconcile, replan_waiting=False)
-        if reconcile:
+        new_demand, self._new_demand = self._new_demand, False
+        result = dispatch_pass(self.tracker, requests, now, reconcile, replan_waiting=new_demand)
+        if reconcile or (new_demand and result.waiting):
             self._replan = False
             self._next_reconcile = now + self.reconcile_s
         if result.leases:
@@ -304,9 +309,7 @@ class Dispatcher:
         self.recycler.release(job.id, clean)
         self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods)
         if retry:
-            self._queue.append(job)
-            self._queue_dirty = True
-            self.replan()
+            self.enqueue(job)
         else:
             self._cancel_requested.discard(job.id)
             self._resolve(job)
