@@ -99,6 +99,7 @@ class Simulation:
         # venue's draws do not move).
         self.next_reconcile = stream(seed, "reconcile").uniform(0.0, venue.reconcile_s)
         self.replan = True
+        self.new_demand = False
         self.dispatch_at = float("inf")
         self.event_mode = venue.dispatch_mode == "event"
         self.pod_ids = itertools.count()
@@ -156,7 +157,7 @@ class Simulation:
             self.jobs.append(job)
         proc.pending = len(batch.bodies)
         self.live_jobs += len(batch.bodies)
-        self.replan = True
+        self.new_demand = True
         self._wake()
 
     # -- the dispatcher shell ------------------------------------------------------------
@@ -171,19 +172,23 @@ class Simulation:
         """One pass, as ``gateway.dispatcher`` runs it: the scaler plans only when the
         reconcile tick is due or something it must see changed since its last plan (a job
         submitted, a pod ready or gone); creates in flight already count as supply, so a
-        pass that only finds a waiting job again does not re-plan. The earlier tick-driven
-        dispatcher (``tick`` mode, Table 5's Reuse Off columns) claimed on its tick and scaled
-        only on the reconcile pass (§7: "on every reconcile pass (30 s by default)")."""
+        pass that only finds a waiting job again does not re-plan, and a new job plans only
+        if it is left waiting (a warm claim changes nothing the scaler must see). The earlier
+        tick-driven dispatcher (``tick`` mode, Table 5's Reuse Off columns) claimed on its
+        tick and scaled only on the reconcile pass (§7: "on every reconcile pass (30 s by
+        default)")."""
         now = self.now
         queue = self.queue
         due = now >= self.next_reconcile
         reconcile = due or (self.replan and self.event_mode)
+        new_demand = self.new_demand and self.event_mode
+        self.new_demand = False
         if not queue and not reconcile:
             return
         result = dispatch_pass(
-            self.tracker, [j.req for j in queue], now, reconcile, replan_waiting=False
+            self.tracker, [j.req for j in queue], now, reconcile, replan_waiting=new_demand
         )
-        if reconcile:
+        if reconcile or (new_demand and result.waiting):
             self.replan = False
             self.next_reconcile = now + self.venue.reconcile_s
         if result.leases:

@@ -110,14 +110,16 @@ def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) ->
 
 
 def _plans(monkeypatch: pytest.MonkeyPatch, venue: str, mode: str) -> list[tuple[float, bool]]:
-    """``(now, reconcile)`` of every pass of one W-RL Reuse Off run in ``mode``."""
+    """``(now, planned)`` of every pass of one W-RL Reuse Off run in ``mode``: a pass plans
+    when the shell asks (``reconcile``) or a new job was left waiting (``replan_waiting``)."""
     calls: list[tuple[float, bool]] = []
     real = engine.dispatch_pass
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        assert kwargs.get("replan_waiting") is False  # plans only when the shell asks
-        calls.append((args[2], args[3]))
-        return real(*args, **kwargs)
+        result = real(*args, **kwargs)
+        planned = args[3] or (kwargs["replan_waiting"] and bool(result.waiting))
+        calls.append((args[2], planned))
+        return result
 
     monkeypatch.setattr(engine, "dispatch_pass", recording)
     v = load_venue(venue).with_(dispatch_mode=mode)
