@@ -54,7 +54,7 @@ class PodManager:
             name = f"{action.sku}-{secrets.token_hex(4)}"
             pool = self.catalog.pool(action.sku)
             now = self.clock()
-            self.tracker.add_pod(
+            tracked = self.tracker.add_pod(
                 PodInfo(
                     name=name,
                     sku=action.sku,
@@ -65,7 +65,8 @@ class PodManager:
                 ),
                 now,
             )
-            self._tasks.spawn(self._create(name, action))
+            if tracked:  # False: a standby whose card emptied since the plan
+                self._tasks.spawn(self._create(name, action))
         else:
             self.delete(action.name, action.reason)
 

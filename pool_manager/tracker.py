@@ -84,15 +84,22 @@ class Tracker(Recovery):
         self._reconcile_lock = threading.Lock()
 
     # -- pods appear, become ready, vanish -------------------------------------------------
-    def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> None:
-        """Track a pod the shell just asked the backend for (``STARTING``; ``IDLE`` is
+    def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> bool:
+        """Track a pod the shell is about to ask the backend for (``STARTING``; ``IDLE`` is
         accepted for a pod found ready). The tracker takes ownership of ``pod``.
 
         ``reserved``: the scaler already reserved the pod's budget units (every active
         ``CreatePod`` it returns); pass ``False`` for a pod found outside a plan, whose units
         are then recorded even past the budget.
+
+        Returns ``False``, tracking nothing, for a planned standby whose card's group is gone
+        (its last pod left between the plan and this call, which another thread can do):
+        the card's units were released, so the shell must drop that create.
         """
         with self._lock:
+            card = pod.gpu
+            if reserved and pod.role != "active" and card is not None and card not in self._cards:
+                return False
             if pod.name in self._pods:
                 raise ValueError(f"pod {pod.name!r} is already tracked")
             if pod.sku not in self._specs:
@@ -105,6 +112,7 @@ class Tracker(Recovery):
             if pod.state is _IDLE:
                 self._settle_idle_locked(pod, now)
                 self._index_locked(pod)
+            return True
 
     def pod_ready(self, name: str, now: float, gpu: str | None = None) -> None:
         """STARTING -> IDLE: the agent answered. ``gpu``: the card the backend placed it on,

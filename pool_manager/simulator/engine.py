@@ -230,7 +230,8 @@ class Simulation:
             card = next(c for c, n in self.card_pods.items() if n == 0)
         pod = PodInfo(name=name, sku=action.sku, created=self.now, role=action.role,
                       gpu=card, template=spec.template)  # fmt: skip
-        self.tracker.add_pod(pod, self.now)
+        if not self.tracker.add_pod(pod, self.now):
+            return  # a standby whose card emptied since the plan
         if card is not None:
             self.card_pods[card] += 1
             self.pod_card[name] = card

@@ -158,3 +158,20 @@ def test_a_card_whose_group_emptied_must_be_verified_again() -> None:
     for name in ("active", "standby0"):
         t.pod_gone(name, 1.0)
     assert not t.gpu_verified("G0")
+
+
+def test_a_planned_standby_whose_card_emptied_since_the_plan_is_not_tracked() -> None:
+    """Another thread can delete a card's last pod between a plan and its ``add_pod``: the
+    card's unit went back to the ledger, so tracking the standby would re-open the group past
+    the budget (the concurrency test once saw 6 cards on a budget of 5)."""
+    t = gpu_tracker(budget=1)
+    add_ready(t, "active", sku="gpu", gpu="G0")
+    assert t.ledger.used("h200") == 1
+    t.pod_gone("active", 1.0)
+    assert t.ledger.used("h200") == 0
+    standby = make_pod("late", "gpu", gpu="G0", role="standby")
+    assert t.add_pod(standby, 2.0) is False
+    assert t.get("late") is None and t.ledger.used("h200") == 0
+    add_ready(t, "next", sku="gpu", gpu="G1")
+    assert t.add_pod(make_pod("kept", "gpu", gpu="G1", role="standby"), 3.0) is True
+    assert t.ledger.used("h200") == 1
