@@ -24,7 +24,8 @@ import yaml
 
 from functions.errors import InvalidRequest, UnknownField
 
-TagMode = Literal["retire", "hint"]
+TagMode = Literal["retire", "switch", "hint"]
+TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +51,17 @@ class PoolSpec:
     step: int = 4
     """Most pods created per scaler pass."""
     tag_mode: TagMode = "retire"
-    """``retire``: a new lease tag runs once on the old pod, which then retires.
-    ``hint``: the tag only prefers the same pod; caller and queue boundaries still apply."""
+    """How a caller's lease tag (its session) bounds reuse:
+
+    * ``retire``: a job of a new session may run once on one of the caller's pods held for
+      another session (``recycled``), which then retires; the caller's other sessions keep
+      their warm pods, so concurrent sessions of one caller do not evict each other;
+    * ``switch``: one live session per caller and queue (paper §5: "when a caller switches
+      to a new session ... the prior pod is retired"): a job of a new session also retires
+      every pod the caller holds for its other tags on that queue, so a session's state
+      reaches at most one job of the next. Strictest; concurrent sessions churn pods;
+    * ``hint``: the tag only prefers the same pod; caller and queue boundaries still apply.
+    """
     standbys_per_active: int = 0
     """Zero-VRAM standby pods staged on each active pod's GPU (GPU pools only)."""
     hold_min_tenure_s: float = 60.0
@@ -141,6 +151,12 @@ class Catalog:
                 name = sorted(bad)[0]
                 raise UnknownField(f"unknown key {name!r} in pool {sku!r}", field=name)
             raw["sku"] = sku
+            if raw.get("tag_mode", "retire") not in TAG_MODES:
+                raise InvalidRequest(
+                    f"pool {sku!r}: tag_mode must be one of {', '.join(TAG_MODES)}, "
+                    f"not {raw['tag_mode']!r}",
+                    field="tag_mode",
+                )
             if "preload" in raw:
                 raw["preload"] = tuple(raw["preload"])
             pools[sku] = PoolSpec(**raw)

@@ -50,4 +50,6 @@ def dispatch_pass(
             result.waiting.append(req)
     if reconcile or (replan_waiting and result.waiting):
         result.actions.extend(tracker.reconcile(result.waiting, now))
+    else:
+        result.actions.extend(tracker.take_retired())  # a session switch in a claim above
     return result

@@ -82,6 +82,8 @@ class Tracker(Recovery):
         )
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._reconcile_lock = threading.Lock()
+        self._switched: list[DeletePod] = []
+        """Pods a session switch retired inside a claim, not yet handed to the shell."""
 
     # -- pods appear, become ready, vanish -------------------------------------------------
     def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> bool:
@@ -177,6 +179,8 @@ class Tracker(Recovery):
                     return _MISSES["no_idle_pod"]
                 pod, path, reason = picked
                 name = pod.name
+                if spec.tag_mode == "switch":
+                    self._end_prior_sessions_locked(req, now)
             transition(pod, _ASSIGNED, path, now, _T, self.log, name)
             pod.job_id = req.job_id
             if path != "warm":
@@ -219,6 +223,8 @@ class Tracker(Recovery):
             rank = PATH_ORDER.index(path)
             if rank > coldest or (rank == coldest and reason is None):
                 coldest, reason = rank, why
+        if spec.tag_mode == "switch" and not req.single_use and coldest > 0:
+            self._end_prior_sessions_locked(req, now)
         names = tuple(pod.name for pod, _, _ in picked)
         promoted = tuple(pod.name for pod, path, _ in picked if path == "standby")
         self._jobs[req.job_id] = (req, names, promoted)
@@ -240,6 +246,30 @@ class Tracker(Recovery):
             pod.single_use = True
         if pod.gpu is not None:
             self._close_gate_locked(pod, pod.gpu)
+
+    def _end_prior_sessions_locked(self, req: ClaimRequest, now: float) -> None:
+        """``tag_mode: switch``: the caller switched sessions on this queue (paper §5: "when
+        a caller switches to a new session ... the prior pod is retired"). Its idle pods held
+        for any other tag on ``req.queue`` retire now, so a session's state reaches at most
+        the one job that recycled its pod. Pods on other queues, and pods parked behind a
+        closed GPU gate, keep their holds until they expire. The deletes wait in
+        ``_switched`` for ``take_retired``."""
+        sessions = self._owned.get((req.sku, req.caller))
+        if not sessions:
+            return
+        prior = [s for s in sessions if s[0] == req.queue and s[1] != req.lease_tag]
+        for queue, tag in prior:
+            bucket = self._exact.get((req.sku, req.caller, queue, tag))
+            for pod in list(bucket.values()) if bucket else ():
+                if self._retire_locked(pod, "session_switched", now):
+                    self._switched.append(DeletePod(pod.name, "session_switched"))
+
+    def take_retired(self) -> list[DeletePod]:
+        """Deletes for pods a claim retired (a session switch), for the shell to carry out;
+        each is returned once. ``dispatch_pass`` and ``expire`` drain it."""
+        with self._lock:
+            out, self._switched = self._switched, []
+            return out
 
     @staticmethod
     def _mark_taken_locked(pod: PodInfo, path: str) -> None:
@@ -350,8 +380,8 @@ class Tracker(Recovery):
     # -- retirement ------------------------------------------------------------------------
     def expire(self, now: float) -> list[DeletePod]:
         """Owner holds past ``hold_until`` retire (never handed to anyone else)."""
-        out: list[DeletePod] = []
         with self._lock:
+            out, self._switched = self._switched, []
             self._sweep_empty_locked()
             expired = [
                 pod

@@ -14,6 +14,7 @@ import math
 import sys
 from typing import Any
 
+from pool_manager.catalog import TAG_MODES
 from pool_manager.simulator.arms import arm_names
 from pool_manager.simulator.experiment import (
     WORKLOADS,
@@ -44,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=("event", "tick"),
         default=None,
         help="override the venue's dispatcher mode",
+    )
+    p.add_argument(
+        "--tag-mode",
+        choices=TAG_MODES,
+        default=None,
+        help="override the pool's tag_mode (switch: the paper's earlier Reuse Off rule)",
     )
     p.add_argument("--body", type=float, default=None, help="fixed job body length (s)")
     p.add_argument("--think", type=float, default=None, help="fixed think time (s)")
@@ -88,6 +95,8 @@ def main(argv: list[str]) -> int:
         return write_report(args.report, quick=args.quick, seed=args.seed)
     try:
         venue = with_dispatch(load_venue(args.venue), args.dispatch)
+        if args.tag_mode is not None:
+            venue = venue.with_pool(tag_mode=args.tag_mode)
         arms = arm_names(args.arms)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -47,10 +47,13 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 
 def _acceptance(out: Path, rows: list[dict[str, Any]]) -> str:
     body = _table(
-        ["row", "role", "paper", "band", "simulated", "95% CI", "in band"],
+        ["row", "role", "paper", "band", "tag_mode", "simulated", "95% CI", "in band",
+         "with tag_mode retire"],
         [[r["title"], r["role"], r["paper"], f"{r['band'][0]:.2f}-{r['band'][1]:.2f}",
-          r["speedup"], "{:.2f}-{:.2f}".format(*r["speedup_ci95"]),
-          "yes" if r["within_band"] else "no"] for r in rows],
+          r["tag_mode"], r["speedup"], "{:.2f}-{:.2f}".format(*r["speedup_ci95"]),
+          "yes" if r["within_band"] else "no",
+          "-" if r["speedup_tag_mode_retire"] is None else r["speedup_tag_mode_retire"]]
+         for r in rows],
     )  # fmt: skip
     detail = []
     for r in rows:

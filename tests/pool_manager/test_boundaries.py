@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from pool_manager.dispatch_pass import dispatch_pass
+from pool_manager.model import DeletePod
 from pool_manager.states import IllegalTransition, PodState
+from pool_manager.tracker import Tracker
 from tests.pool_manager.builders import (
     add_ready,
     lease,
@@ -181,3 +184,69 @@ def test_a_job_cannot_hold_two_leases() -> None:
     lease(t, job)
     with pytest.raises(ValueError):
         t.claim(job, 2.0)
+
+
+def held_pods(t: Tracker, caller: str, tags: list[str | None]) -> list[str]:
+    """Names of ``caller``'s idle pods, one per tag in ``tags``, each released once."""
+    names = []
+    for i, tag in enumerate(tags):
+        names.append(add_ready(t, f"{tag}-{i}"))
+    leases = [lease(t, make_request(caller, tag=tag)) for tag in tags]
+    for got in leases:
+        t.launched(got.job_id, 1.0)
+        t.release(got.job_id, True, 1.0)
+    return names
+
+
+def test_in_retire_mode_each_old_session_pod_runs_one_job_of_a_new_session() -> None:
+    t = make_tracker()
+    held_pods(t, "alice", ["s1", "s2", "s3"])
+    paths = [lease(t, make_request("alice", tag="new"), now=2.0).path for _ in range(3)]
+    assert paths == ["recycled"] * 3
+    assert t.take_retired() == []
+
+
+def test_in_switch_mode_a_new_session_recycles_one_old_pod_and_retires_the_rest() -> None:
+    t = make_tracker(make_spec(tag_mode="switch"))
+    old = held_pods(t, "alice", ["s1", "s2", "s3"])
+    got = lease(t, make_request("alice", tag="new"), now=2.0)
+    assert (got.path, got.reason) == ("recycled", "tag_changed")
+    retired = sorted(d.name for d in t.take_retired())
+    assert retired == sorted(set(old) - set(got.pods))
+    assert {d.reason for d in t.expire(3.0)} <= {"hold_expired"}  # handed out only once
+    assert all(state_of(t, name) is PodState.RETIRING for name in retired)
+    assert miss(t, make_request("alice", tag="new2"), now=2.0).reason == "no_idle_pod"
+
+
+def test_in_switch_mode_a_new_session_on_a_clean_pod_still_ends_the_old_one() -> None:
+    t = make_tracker(make_spec(tag_mode="switch"))
+    [old] = held_pods(t, "alice", ["s1"])
+    add_ready(t, "clean", now=1.5)
+    got = lease(t, make_request("alice", tag="s2", queued_at=2.0), now=2.0)
+    assert (got.pods, got.path) == (("clean",), "idle")
+    assert [(d.name, d.reason) for d in t.expire(2.0)] == [(old, "session_switched")]
+
+
+def test_in_switch_mode_other_queues_other_callers_and_the_same_session_are_untouched() -> None:
+    t = make_tracker(make_spec(tag_mode="switch"))
+    add_ready(t, "eval-pod")
+    run_job(t, make_request("alice", tag="s1", queue="eval"))
+    add_ready(t, "bobs")
+    run_job(t, make_request("bob", tag="s1"))
+    [mine] = held_pods(t, "alice", ["s1"])
+    add_ready(t, "clean", now=1.5)
+    assert lease(t, make_request("alice", tag="s1"), now=2.0).pods == (mine,)  # warm: no switch
+    assert lease(t, make_request("alice", tag="s2", queued_at=2.0), now=2.0).path == "idle"
+    assert t.take_retired() == []
+    assert state_of(t, "eval-pod") is PodState.IDLE and state_of(t, "bobs") is PodState.IDLE
+
+
+def test_a_dispatch_pass_hands_out_switch_deletes_even_when_it_does_not_plan() -> None:
+    t = make_tracker(make_spec(tag_mode="switch", min_count=0))
+    old = held_pods(t, "alice", ["s1", "s2"])
+    result = dispatch_pass(t, [make_request("alice", tag="s3")], 2.0, reconcile=False)
+    [got] = result.leases
+    assert got.path == "recycled"
+    assert [(a.name, a.reason) for a in result.actions if isinstance(a, DeletePod)] == [
+        (name, "session_switched") for name in old if name not in got.pods
+    ]

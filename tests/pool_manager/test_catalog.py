@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.errors import UnknownField
+from functions.errors import InvalidRequest, UnknownField
 from pool_manager.catalog import CallerLimits, Catalog
 
 
@@ -36,3 +36,9 @@ def test_a_catalog_without_limits_checks_none() -> None:
 def test_an_unknown_catalog_key_is_rejected_by_name(data: dict[str, object]) -> None:
     with pytest.raises(UnknownField):
         Catalog.from_mapping(data)
+
+
+def test_an_unknown_tag_mode_is_rejected_with_the_choices() -> None:
+    with pytest.raises(InvalidRequest, match="retire, switch, hint"):
+        Catalog.from_mapping({"pools": {"cpu": {"tag_mode": "strict"}}})
+    assert Catalog.from_mapping({"pools": {"cpu": {"tag_mode": "switch"}}}).pools["cpu"].tag_mode

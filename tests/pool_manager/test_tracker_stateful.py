@@ -27,7 +27,7 @@ from pool_manager.tracker import Tracker
 CATALOG = Catalog(
     pools={
         "cpu": PoolSpec("cpu", min_count=1, max_count=4, max_idle_count=1, idle_timeout_s=50,
-                        caller_hold_s=30, step=2),
+                        caller_hold_s=30, step=2, tag_mode="switch"),
         "cpu2": PoolSpec("cpu2", units_per_pod=2, max_count=3, max_idle_count=0,
                          idle_timeout_s=40, tag_mode="hint", step=2),
         "gpu": PoolSpec("gpu", accelerator="h200", standbys_per_active=2, max_count=3,
@@ -89,10 +89,28 @@ class ControlPlane(RuleBasedStateMachine):
                 continue
             self.check_lease(req, got, before)
             event(f"lease path {got.path}")
+            for delete in self.t.take_retired():  # a session switch ended only the caller's
+                old = before[delete.name]  # own other sessions on this queue and pool
+                assert CATALOG.pools[req.sku].tag_mode == "switch"
+                assert old.state is PodState.IDLE and old.owner == req.caller
+                assert (old.sku, old.queue) == (req.sku, req.queue) and old.tag != req.lease_tag
+                event("session switched")
+                self.deleting.add(delete.name)
             if fail[i % len(fail)]:  # the durable commit failed: pods back as they were
                 self.t.unclaim(req.job_id, self.now)
-                after = {p.name: (p.state, p.owner, p.tag, p.role) for p in self.t.pods()}
-                assert after == {n: (p.state, p.owner, p.tag, p.role) for n, p in before.items()}
+                # A session switch (tag_mode "switch") is not undone: those pods stay retiring.
+                switched = {d.name for d in self.t.take_retired()}
+                self.deleting |= switched
+                after = {
+                    p.name: (p.state, p.owner, p.tag, p.role)
+                    for p in self.t.pods()
+                    if p.name not in switched
+                }
+                assert after == {
+                    n: (p.state, p.owner, p.tag, p.role)
+                    for n, p in before.items()
+                    if n not in switched
+                }
                 waiting.append(req)
             else:
                 self.leases[req.job_id] = (req, got, False)
