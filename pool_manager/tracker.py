@@ -254,15 +254,23 @@ class Tracker(Recovery):
         the one job that recycled its pod. Pods on other queues, and pods parked behind a
         closed GPU gate, keep their holds until they expire. The deletes wait in
         ``_switched`` for ``take_retired``."""
+        ended: list[PodInfo] = []
         sessions = self._owned.get((req.sku, req.caller))
-        if not sessions:
-            return
-        prior = [s for s in sessions if s[0] == req.queue and s[1] != req.lease_tag]
-        for queue, tag in prior:
-            bucket = self._exact.get((req.sku, req.caller, queue, tag))
-            for pod in list(bucket.values()) if bucket else ():
-                if self._retire_locked(pod, "session_switched", now):
-                    self._switched.append(DeletePod(pod.name, "session_switched"))
+        if sessions:
+            prior = [s for s in sessions if s[0] == req.queue and s[1] != req.lease_tag]
+            for queue, tag in prior:
+                bucket = self._exact.get((req.sku, req.caller, queue, tag))
+                ended.extend(bucket.values() if bucket else ())
+        if self._gates:
+            ended.extend(
+                pod
+                for pod in self._parked_locked()
+                if pod.owner == req.caller and pod.sku == req.sku and pod.queue == req.queue
+                and pod.tag != req.lease_tag
+            )  # fmt: skip
+        for pod in ended:
+            if self._retire_locked(pod, "session_switched", now):
+                self._switched.append(DeletePod(pod.name, "session_switched"))
 
     def take_retired(self) -> list[DeletePod]:
         """Deletes for pods a claim retired (a session switch), for the shell to carry out;

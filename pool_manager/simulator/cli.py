@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=7200.0, help="arrival window (s)")
     p.add_argument("--envs", type=int, default=1, help="distinct environments (Zipf s=1)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply bodies and pauses")
+    p.add_argument(
+        "--carry-over",
+        action="store_true",
+        help="start each run on the pool the previous run (any arm) left, as the paper's "
+        "crossover campaigns did; arms must share one pool configuration",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--report",
@@ -107,9 +113,13 @@ def main(argv: list[str]) -> int:
     workload = Workload(
         args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
         pattern=args.pattern, rate=args.rate, duration_s=args.duration, envs=args.envs,
-        jobs=args.jobs, scale=args.scale,
+        jobs=args.jobs, scale=args.scale, carry_over=args.carry_over,
     )  # fmt: skip
-    results, jobs, wall = run_arms(venue, workload, arms, args.repeats, args.seed)
+    try:
+        results, jobs, wall = run_arms(venue, workload, arms, args.repeats, args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = _clean(report(venue, workload, results, jobs, wall))
     if args.json:
         print(json.dumps(out, indent=2))

@@ -102,6 +102,8 @@ class Simulation:
         self.new_demand = False
         self.dispatch_at = float("inf")
         self.event_mode = venue.dispatch_mode == "event"
+        self.epoch = 0
+        """Runs before this one on this pool (``warm_up``); part of every fresh tag."""
         self.pod_ids = itertools.count()
         self.job_ids = itertools.count()
         self.starting = 0
@@ -149,7 +151,7 @@ class Simulation:
         for i, body in enumerate(batch.bodies):
             proc.seq += 1
             caller = f"{proc.caller}/{slots[i]}" if slots else proc.caller
-            tag = caller if arm.tag == "stable" else f"{caller}/{proc.seq}"
+            tag = caller if arm.tag == "stable" else f"{caller}/{self.epoch}/{proc.seq}"
             req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
                                single_use=arm.single_use, queued_at=now)  # fmt: skip
             job = Job(req, proc, body * self.scale, now)
@@ -272,12 +274,17 @@ class Simulation:
         self._wake()
 
     # -- the loop ------------------------------------------------------------------------
-    def warm_up(self, programs: list[tuple[str, Program]]) -> None:
-        """Run ``programs`` (the previous repeat) until every job is done, then forget what
-        they measured: the next programs start on the pool they left (warm pods, holds)."""
+    def warm_up(self, programs: list[tuple[str, Program]], arm: Arm | None = None) -> None:
+        """Run ``programs`` (the previous run, acquiring as ``arm``; default this run's) until
+        every job is done, then forget what they measured: the next programs start on the
+        pool they left (warm pods, holds). Fresh tags never repeat across the two."""
+        own = self.arm
+        self.arm = arm or own
         for caller, program in programs:
             self.add(caller, program)
         self.run(until_idle=True)
+        self.arm = own
+        self.epoch += 1
         self.jobs = []
         self.area = 0.0
         self.peak_busy = self.busy

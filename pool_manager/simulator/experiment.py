@@ -1,9 +1,9 @@
 """Paired repeats of several arms on one venue and workload, summarised as the CLI's JSON.
 
 Repeat ``r`` of every arm uses seed ``seed + r`` for the workload's bodies and pauses, so arms
-are paired (App. B.4). Each simulated run starts from an empty pool, so the Williams crossover
-order the paper needed against carry-over between arms does not arise; arms still run in a
-rotated order per repeat so the report can show it.
+are paired (App. B.4). Arms run in a rotated order per repeat (the Williams AB/BA sequence for
+two). By default each run starts from an empty pool; ``Workload.carry_over`` instead starts
+each run on the pool the previous run left, the carry-over the paper's crossover balanced.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pool_manager.simulator.arms import Arm
+from pool_manager.simulator.arms import Arm, build_catalog
 from pool_manager.simulator.engine import Simulation
 from pool_manager.simulator.metrics import RunMetrics, arm_summary, paired, summarize
 from pool_manager.simulator.venue import Venue
@@ -39,9 +39,11 @@ class Workload:
     """Sequential jobs of the standby benchmark."""
     callers: int = 8
     """Distinct callers the sessions of ``sessions`` / ``rl-sessions`` belong to."""
-    warm_start: bool = False
-    """Start each repeat on the pool the previous repeat left (same callers, a pause of
-    ``gap_s``), as back-to-back repeats on a benchmark pool do; otherwise an empty pool."""
+    carry_over: bool = False
+    """Run the campaign as the paper did (App. B.4): every run starts on the pool the run
+    before it left (whichever arm that was, in the crossover order), after a pause of
+    ``gap_s``; the campaign's first run starts on what its repeat's last arm leaves. Needs
+    arms with one pool configuration. ``False``: every run starts on an empty pool."""
     gap_s: float = 10.0
     scale: float = 1.0
     """Multiply every body and pause (``benchmarks.loops --scale`` does the same)."""
@@ -101,10 +103,15 @@ class ArmRuns:
     runs: list[RunMetrics]
 
 
-def run_once(venue: Venue, arm: Arm, workload: Workload, seed: int) -> tuple[RunMetrics, int]:
+def run_once(
+    venue: Venue, arm: Arm, workload: Workload, seed: int, before: tuple[Arm, int] | None = None
+) -> tuple[RunMetrics, int]:
+    """One run. ``before``: the arm and seed of the run that ran on this pool just before
+    (``Workload.carry_over``); what it measured is discarded."""
     sim = Simulation(venue, arm, seed, envs=workload.envs, scale=workload.scale)
-    if workload.warm_start:
-        sim.warm_up(workload.programs(seed + 100_003))
+    if before is not None:
+        prev_arm, prev_seed = before
+        sim.warm_up(workload.programs(prev_seed), prev_arm)
         for caller, program in workload.programs(seed):
             sim.add(caller, _after(workload.gap_s, program))
     else:
@@ -117,17 +124,27 @@ def run_once(venue: Venue, arm: Arm, workload: Workload, seed: int) -> tuple[Run
 def run_arms(
     venue: Venue, workload: Workload, arms: Sequence[Arm], repeats: int, seed: int = 1
 ) -> tuple[list[ArmRuns], int, float]:
-    """Every arm ``repeats`` times; returns the runs, jobs simulated and wall seconds."""
+    """Every arm ``repeats`` times, in a rotated order per repeat (for two arms the
+    Williams AB/BA sequence); returns the runs, jobs simulated and wall seconds."""
+    catalogs = [build_catalog(venue, a, workload.envs) for a in arms] if workload.carry_over else []
+    if any(c != catalogs[0] for c in catalogs):
+        names = ", ".join(a.name for a in arms)
+        raise ValueError(f"carry-over needs arms with one pool configuration, not {names}")
     out = [ArmRuns(a, []) for a in arms]
-    jobs = 0
-    t0 = time.perf_counter()
+    sequence: list[tuple[int, int]] = []  # (arm, seed) in run order
     for r in range(repeats):
         order = list(range(len(arms)))
-        order = order[r % len(order) :] + order[: r % len(order)]
-        for i in order:
-            metrics, n = run_once(venue, arms[i], workload, seed + r)
-            out[i].runs.append(metrics)
-            jobs += n
+        sequence += [(i, seed + r) for i in order[r % len(order) :] + order[: r % len(order)]]
+    jobs = 0
+    t0 = time.perf_counter()
+    for k, (i, run_seed) in enumerate(sequence):
+        before = None
+        if workload.carry_over:
+            j, prev_seed = sequence[k - 1] if k else sequence[len(arms) - 1]
+            before = (arms[j], prev_seed)
+        metrics, n = run_once(venue, arms[i], workload, run_seed, before)
+        out[i].runs.append(metrics)
+        jobs += n
     return out, jobs, time.perf_counter() - t0
 
 

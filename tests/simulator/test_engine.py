@@ -145,3 +145,15 @@ def test_the_tick_dispatcher_scales_only_on_its_reconcile_interval(
     # a reconcile runs on the first tick at or after the interval: never sooner
     assert min(gaps) >= v.reconcile_s - 1e-9
     assert max(gaps) <= v.reconcile_s + v.tick_s + 1e-9
+
+
+def test_carry_over_starts_each_run_on_the_pool_the_run_before_it_left() -> None:
+    wl = Workload("w-agent", agents=2)
+    carried = Workload("w-agent", agents=2, carry_over=True)
+    cold = _run("h200", wl, "reuse-on,reuse-off")["arms"]
+    warm = _run("h200", carried, "reuse-on,reuse-off")["arms"]
+    assert cold["reuse-on"]["paths"].get("new", 0) >= 2  # an empty pool: a start per agent
+    assert warm["reuse-on"]["paths"].get("new", 0) < cold["reuse-on"]["paths"]["new"]
+    assert "warm" not in warm["reuse-off"]["paths"]  # fresh tags never repeat across runs
+    with pytest.raises(ValueError, match="one pool configuration"):
+        run_arms(load_venue("h200"), carried, arm_names("reuse-on,fresh"), 1)
