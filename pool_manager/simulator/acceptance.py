@@ -58,25 +58,27 @@ ROWS: tuple[Row, ...] = (
 
 
 def _campaign(
-    row: Row, venue: Venue, tag_mode: str, repeats: int, seed: int
+    row: Row, venue: Venue, tag_mode: str, repeats: int, seed: int, workers: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     v = with_dispatch(venue, row.dispatch).with_pool(tag_mode=tag_mode)
     arms = arm_names(row.arms)
-    results, jobs, wall = run_arms(v, row.workload, arms, repeats, seed)
+    results, jobs, wall = run_arms(v, row.workload, arms, repeats, seed, workers=workers)
     out = report(v, row.workload, results, jobs, wall)
     return out, out["arms"][arms[1].name]["vs_" + arms[0].name]
 
 
-def run_row(row: Row, repeats: int, seed: int = 1, venue: Venue | None = None) -> dict[str, Any]:
+def run_row(
+    row: Row, repeats: int, seed: int = 1, venue: Venue | None = None, workers: int = 1
+) -> dict[str, Any]:
     base = venue or load_venue(row.venue)
-    out, eff = _campaign(row, base, row.tag_mode, repeats, seed)
+    out, eff = _campaign(row, base, row.tag_mode, repeats, seed, workers)
     ref = arm_names(row.arms)[0].name
     summary = out["arms"]
     lo, hi = BAND[0] * row.paper, BAND[1] * row.paper
     speedup = float(eff["speedup"])
     default = None  # the same row under our default tag_mode, for comparison
     if row.tag_mode != "retire":
-        default = float(_campaign(row, base, "retire", repeats, seed)[1]["speedup"])
+        default = float(_campaign(row, base, "retire", repeats, seed, workers)[1]["speedup"])
     ok = lo <= speedup <= hi
     if row.key == "h200-standby":
         frac = summary[ref]["handovers_by_standby_frac"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -65,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         help="start each run on the pool the previous run (any arm) left, as the paper's "
         "crossover campaigns did; arms must share one pool configuration",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes running independent runs (results do not depend on it); "
+        "default: one per CPU",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--report",
@@ -98,7 +106,7 @@ def main(argv: list[str]) -> int:
     if args.report is not None:
         from pool_manager.simulator.report import write_report
 
-        return write_report(args.report, quick=args.quick, seed=args.seed)
+        return write_report(args.report, quick=args.quick, seed=args.seed, workers=args.workers)
     try:
         venue = with_dispatch(load_venue(args.venue), args.dispatch)
         if args.tag_mode is not None:
@@ -107,8 +115,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not arms or args.repeats < 1:
-        print("error: need at least one arm and one repeat", file=sys.stderr)
+    if not arms or args.repeats < 1 or args.workers < 1:
+        print("error: need at least one arm, one repeat and one worker", file=sys.stderr)
         return 2
     workload = Workload(
         args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
@@ -116,11 +124,14 @@ def main(argv: list[str]) -> int:
         jobs=args.jobs, scale=args.scale, carry_over=args.carry_over,
     )  # fmt: skip
     try:
-        results, jobs, wall = run_arms(venue, workload, arms, args.repeats, args.seed)
+        results, jobs, wall = run_arms(
+            venue, workload, arms, args.repeats, args.seed, workers=args.workers
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = _clean(report(venue, workload, results, jobs, wall))
+    out["workers"] = args.workers
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

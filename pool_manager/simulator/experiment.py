@@ -8,8 +8,9 @@ each run on the pool the previous run left, the carry-over the paper's crossover
 
 from __future__ import annotations
 
+import multiprocessing
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -121,11 +122,25 @@ def run_once(
     return summarize(result), len(result.jobs)
 
 
+def _run_task(
+    task: tuple[Venue, Arm, Workload, int, tuple[Arm, int] | None],
+) -> tuple[RunMetrics, int]:
+    return run_once(*task)
+
+
 def run_arms(
-    venue: Venue, workload: Workload, arms: Sequence[Arm], repeats: int, seed: int = 1
+    venue: Venue,
+    workload: Workload,
+    arms: Sequence[Arm],
+    repeats: int,
+    seed: int = 1,
+    workers: int = 1,
 ) -> tuple[list[ArmRuns], int, float]:
     """Every arm ``repeats`` times, in a rotated order per repeat (for two arms the
-    Williams AB/BA sequence); returns the runs, jobs simulated and wall seconds."""
+    Williams AB/BA sequence); returns the runs, jobs simulated and wall seconds.
+
+    ``workers`` > 1 runs the independent runs in that many forked processes; every run is
+    a function of its arm, seed and predecessor only, so the results are identical."""
     catalogs = [build_catalog(venue, a, workload.envs) for a in arms] if workload.carry_over else []
     if any(c != catalogs[0] for c in catalogs):
         names = ", ".join(a.name for a in arms)
@@ -135,14 +150,26 @@ def run_arms(
     for r in range(repeats):
         order = list(range(len(arms)))
         sequence += [(i, seed + r) for i in order[r % len(order) :] + order[: r % len(order)]]
-    jobs = 0
-    t0 = time.perf_counter()
+    tasks = []
     for k, (i, run_seed) in enumerate(sequence):
         before = None
         if workload.carry_over:
             j, prev_seed = sequence[k - 1] if k else sequence[len(arms) - 1]
             before = (arms[j], prev_seed)
-        metrics, n = run_once(venue, arms[i], workload, run_seed, before)
+        tasks.append((venue, arms[i], workload, run_seed, before))
+    jobs = 0
+    t0 = time.perf_counter()
+    workers = max(1, min(workers, len(tasks)))
+    done: Iterator[tuple[RunMetrics, int]]
+    if workers == 1:
+        done = map(_run_task, tasks)
+    else:
+        pool = multiprocessing.get_context("fork").Pool(workers)
+        chunk = max(1, len(tasks) // (workers * 4))
+        done = iter(pool.map(_run_task, tasks, chunksize=chunk))
+        pool.close()
+        pool.join()
+    for (i, _), (metrics, n) in zip(sequence, done, strict=True):
         out[i].runs.append(metrics)
         jobs += n
     return out, jobs, time.perf_counter() - t0

@@ -176,13 +176,13 @@ def _fig5(out: Path, rows: list[dict[str, Any]]) -> str:
                     r["p90_s"]] for r in rows])  # fmt: skip
 
 
-def write_report(directory: str, quick: bool = False, seed: int = 1) -> int:
+def write_report(directory: str, quick: bool = False, seed: int = 1, workers: int = 1) -> int:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     repeats = 3 if quick else 10
     seeds = 1 if quick else 3
-    acc = [acceptance.run_row(row, repeats, seed) for row in acceptance.ROWS]
+    acc = [acceptance.run_row(row, repeats, seed, workers=workers) for row in acceptance.ROWS]
     c1 = studies.frontier(seeds=seeds)
     grid_arms = [f"f{f}-c{c}-ka{k}" for f in (0, 1, 4) for c in (0, 2) for k in (60, 300)]
     grid = studies.frontier(arms=grid_arms, patterns=("bursty",), seeds=1)
@@ -194,7 +194,8 @@ def write_report(directory: str, quick: bool = False, seed: int = 1) -> int:
     md = [
         "# Simulated reproduction of the Firepool paper\n",
         f"Wall time {wall:.0f} s; acceptance campaigns simulated {jobs} jobs at "
-        f"{jobs / acc_wall:.0f} jobs/s. Repeats per arm: {repeats}; seeds per cell: {seeds}.\n",
+        f"{jobs / acc_wall:.0f} jobs/s ({workers} worker processes). Repeats per arm: "
+        f"{repeats}; seeds per cell: {seeds}.\n",
         "## Table 5 / Table 6: loop speedups (band = paper x0.76-1.31)\n",
         _acceptance(out, acc),
         "![speedups](table5_6_speedups.png)\n",

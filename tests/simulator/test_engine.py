@@ -157,3 +157,13 @@ def test_carry_over_starts_each_run_on_the_pool_the_run_before_it_left() -> None
     assert "warm" not in warm["reuse-off"]["paths"]  # fresh tags never repeat across runs
     with pytest.raises(ValueError, match="one pool configuration"):
         run_arms(load_venue("h200"), carried, arm_names("reuse-on,fresh"), 1)
+
+
+def test_runs_in_worker_processes_give_the_same_results() -> None:
+    v, wl, arms = load_venue("prod-cpu"), Workload("w-rl"), arm_names("reuse-on,reuse-off")
+    serial = report(v, wl, *run_arms(v, wl, arms, 3, seed=5))
+    forked = report(v, wl, *run_arms(v, wl, arms, 3, seed=5, workers=2))
+    for out in (serial, forked):
+        out.pop("wall_s")
+        out.pop("simulated_jobs_per_s")
+    assert json.dumps(serial, sort_keys=True) == json.dumps(forked, sort_keys=True)
