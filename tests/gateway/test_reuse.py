@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from gateway.auth import Role
 from tests.conftest import BrokerServer, running_broker
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
 
 
 def _pod(job: dict) -> str:
@@ -64,3 +69,31 @@ def test_three_concurrent_callers_never_get_a_pod_someone_else_used(
     shared = {pod: who for pod, who in users.items() if len(who) > 1}
     assert shared == {}, f"cross-caller reuse: {shared}"
     assert len(runs) == 24
+
+
+@pytest.fixture(scope="module")
+def switch_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
+    """``tag_mode: switch``: one live session per caller and queue (paper §5)."""
+    catalog = "pools:\n  cpu: {min_count: 0, max_idle_count: 0, tag_mode: switch}\n"
+    with running_broker(tmp_path_factory.mktemp("switch"), catalog) as server:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep")
+        yield server
+
+
+def test_in_switch_mode_a_new_session_ends_every_pod_of_the_callers_prior_sessions(
+    switch_pool: BrokerServer,
+) -> None:
+    with switch_pool.client("switch-ann") as fp, ThreadPoolExecutor(2) as pool:
+        long = pool.submit(fp.invoke, "sleep", 1.5, lease_tag="s1")
+        time.sleep(0.5)  # s1 is running, so s2 needs a pod of its own
+        s2 = fp.invoke("noop", 2, lease_tag="s2")
+        s1 = long.result()
+        crossing = fp.invoke("noop", 3, lease_tag="s3")
+        again = fp.invoke("noop", 4, lease_tag="s1")
+    held = {_pod(s1), _pod(s2)}
+    assert len(held) == 2, "two sessions of one caller held a pod each"
+    assert crossing["acquisition"]["path"] == "recycled" and _pod(crossing) in held
+    # retire mode would run this warm on s1's pod; switch retired it when s3 began
+    assert again["acquisition"]["path"] != "warm"
+    assert _pod(again) not in held | {_pod(crossing)}
