@@ -251,9 +251,9 @@ class Tracker(Recovery):
         """``tag_mode: switch``: the caller switched sessions on this queue (paper §5: "when
         a caller switches to a new session ... the prior pod is retired"). Its idle pods held
         for any other tag on ``req.queue`` retire now, so a session's state reaches at most
-        the one job that recycled its pod. Pods on other queues, and pods parked behind a
-        closed GPU gate, keep their holds until they expire. The deletes wait in
-        ``_switched`` for ``take_retired``."""
+        the one job that recycled its pod; that includes its pods parked behind a closed
+        GPU gate. Pods on other queues keep their holds. The deletes wait in ``_switched``
+        for ``take_retired``."""
         ended: list[PodInfo] = []
         sessions = self._owned.get((req.sku, req.caller))
         if sessions:
