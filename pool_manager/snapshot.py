@@ -50,7 +50,13 @@ class PodRow(NamedTuple):
 #: ``row_of(pod)`` -> the ``PodRow`` fields of a ``PodInfo``, as a plain tuple.
 row_of = attrgetter(*PodRow._fields)
 
-_LEASED = (PodState.ASSIGNED, PodState.RUNNING)
+_SKU, _GPU, _STATE, _TEMPLATE, _SINGLE_USE = map(
+    PodRow._fields.index, ("sku", "gpu", "state", "template", "single_use")
+)
+_STARTING, _IDLE, _ASSIGNED, _RUNNING, _RETIRING, _DELETED = (
+    PodState.STARTING, PodState.IDLE, PodState.ASSIGNED, PodState.RUNNING, PodState.RETIRING,
+    PodState.DELETED,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,23 +129,30 @@ class _Acc:
 def build_snapshot(
     rows: Iterable[tuple[Any, ...]], specs: Mapping[str, PoolSpec], now: float
 ) -> PoolSnapshot:
-    """Classify ``rows`` (``row_of(pod)`` tuples) into per-pool group counts."""
+    """Classify ``rows`` (``row_of(pod)`` tuples) into per-pool group counts.
+
+    The rows stay plain tuples (indexed or unpacked in ``PodRow`` field order): building a
+    ``PodRow`` per pod would cost more than classifying it. Groups keep the rows' order, so
+    ``IdleGroup.pods`` and ``standby_gaps`` follow the tracker's pod order."""
     accs = {sku: _Acc() for sku in specs}
-    cards: dict[tuple[str, str], list[PodRow]] = {}
-    for raw in rows:
-        row = PodRow._make(raw)
-        if row.state is PodState.DELETED:
+    cards: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+    for row in rows:
+        if row[_STATE] is _DELETED:
             continue
-        if row.gpu is None:  # a GPU-less pod is a group of one
-            _classify_one(accs[row.sku], specs[row.sku], None, row)
+        sku, gpu = row[_SKU], row[_GPU]
+        if gpu is None:  # a GPU-less pod is a group of one
+            _classify_one(accs[sku], specs[sku], None, row)
             continue
-        members = cards.get((row.sku, row.gpu))
+        members = cards.get((sku, gpu))
         if members is None:
-            cards[(row.sku, row.gpu)] = [row]
+            cards[(sku, gpu)] = [row]
         else:
             members.append(row)
     for (sku, gpu), members in cards.items():
-        _classify(accs[sku], specs[sku], gpu, members)
+        if len(members) == 1:
+            _classify_one(accs[sku], specs[sku], gpu, members[0])
+        else:
+            _classify(accs[sku], specs[sku], gpu, members)
     return PoolSnapshot(now, {sku: _view(specs[sku], acc) for sku, acc in accs.items()})
 
 
@@ -147,60 +160,78 @@ def _stale(pod: PodRow, spec: PoolSpec) -> bool:
     return pod.single_use or pod.template != spec.template
 
 
-def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, pod: PodRow) -> None:
+def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, row: tuple[Any, ...]) -> None:
     """``_classify`` for a group of one pod (most groups), without the intermediate lists."""
-    state = pod.state
-    if state is PodState.RETIRING:
+    name, _, _, role, state, owner, template, single_use, released_at, created = row
+    if state is _RETIRING:
         acc.retiring += 1
         return
-    if gpu is not None and spec.standbys_per_active > 0 and pod.role != "standby":
+    if gpu is not None and spec.standbys_per_active > 0 and role != "standby":
         acc.standby_gaps.append((gpu, spec.standbys_per_active))
-    if state is PodState.STARTING:
+    if state is _STARTING:
         acc.starting += 1
-    elif pod.role == "standby" and state is PodState.IDLE:
+    elif role == "standby" and state is _IDLE:
         acc.idle += 1
-        acc.idle_groups.append(IdleGroup(pod.released_at or 0.0, (pod.name,)))
-    elif _stale(pod, spec):
+        acc.idle_groups.append(IdleGroup(released_at or 0.0, (name,)))
+    elif single_use or template != spec.template:  # stale
         acc.stale += 1
-        acc.single_use += pod.single_use
-        if state is PodState.IDLE and not pod.single_use:
-            acc.stale_idle.append(pod.name)
-    elif state is not PodState.IDLE:
+        acc.single_use += single_use
+        if state is _IDLE and not single_use:
+            acc.stale_idle.append(name)
+    elif state is not _IDLE:
         acc.busy += 1
-    elif pod.owner is None:
+    elif owner is None:
         acc.idle += 1
-        acc.idle_groups.append(IdleGroup(pod.released_at or 0.0, (pod.name,)))
+        acc.idle_groups.append(IdleGroup(released_at or 0.0, (name,)))
     else:
         acc.held += 1
-        acc.held_by_owner[pod.owner] = acc.held_by_owner.get(pod.owner, 0) + 1
-        acc.held_pods.append(HeldPod(pod.name, pod.owner, pod.released_at or 0.0, pod.created))
+        acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
+        acc.held_pods.append(HeldPod(name, owner, released_at or 0.0, created))
 
 
-def _classify(acc: _Acc, spec: PoolSpec, gpu: str | None, members: list[PodRow]) -> None:
-    if len(members) == 1:
-        _classify_one(acc, spec, gpu, members[0])
-        return
-    live = [p for p in members if p.state is not PodState.RETIRING]
+def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]]) -> None:
+    """A group of several pods on one GPU, classified after one pass over its rows."""
+    live: list[str] = []  # names of the members not retiring, in order
+    leased: tuple[Any, ...] | None = None  # the first leased live member
+    has_active = active_starting = False
+    idle_actives: list[PodRow] = []
+    idle_since: list[float] = []  # released_at of idle members (only standbys, if used)
+    unowned = True  # no live member has an owner
+    for row in members:
+        name, _, _, role, state, owner, _, _, released_at, _ = row
+        if state is _RETIRING:
+            continue
+        live.append(name)
+        if owner is not None:
+            unowned = False
+        if state is _IDLE:
+            idle_since.append(released_at or 0.0)
+        elif leased is None and (state is _ASSIGNED or state is _RUNNING):
+            leased = row
+        if role != "standby":
+            has_active = True
+            if state is _IDLE:
+                idle_actives.append(PodRow._make(row))
+            elif state is _STARTING:
+                active_starting = True
     if not live:
         acc.retiring += 1
         return
-    actives = [p for p in live if p.role != "standby"]
-    if gpu is not None and spec.standbys_per_active > 0 and actives:
+    if has_active and spec.standbys_per_active > 0:
         gap = 1 + spec.standbys_per_active - len(live)
         if gap > 0:
             acc.standby_gaps.append((gpu, gap))
-    busy = [p for p in live if p.state in _LEASED]
-    if busy:
-        if _stale(busy[0], spec):
+    if leased is not None:
+        single_use = leased[_SINGLE_USE]
+        if single_use or leased[_TEMPLATE] != spec.template:
             acc.stale += 1
-            acc.single_use += busy[0].single_use
+            acc.single_use += single_use
         else:
             acc.busy += 1
         return
-    if any(p.state is PodState.STARTING for p in actives):
+    if active_starting:
         acc.starting += 1
         return
-    idle_actives = [p for p in actives if p.state is PodState.IDLE]
     if idle_actives:
         if all(_stale(p, spec) for p in idle_actives):
             acc.stale += 1
@@ -210,9 +241,9 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str | None, members: list[PodRow])
         fresh = [p for p in idle_actives if p.owner is None and not _stale(p, spec)]
         if fresh:
             acc.idle += 1
-            if all(p.owner is None for p in live):
+            if unowned:
                 since = max(p.released_at or 0.0 for p in fresh)
-                acc.idle_groups.append(IdleGroup(since, tuple(p.name for p in live)))
+                acc.idle_groups.append(IdleGroup(since, tuple(live)))
             return
         held = [p for p in idle_actives if p.owner is not None]
         acc.held += 1
@@ -223,13 +254,11 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str | None, members: list[PodRow])
             HeldPod(p.name, p.owner or "", p.released_at or 0.0, p.created) for p in held
         )
         return
-    standbys_idle = [p for p in live if p.state is PodState.IDLE]
-    if not standbys_idle:
+    if not idle_since:  # no idle member: its standbys are starting (or resetting)
         acc.starting += 1
         return
     acc.idle += 1  # a standby-only group: promotable for the next job
-    since = max(p.released_at or 0.0 for p in standbys_idle)
-    acc.idle_groups.append(IdleGroup(since, tuple(p.name for p in live)))
+    acc.idle_groups.append(IdleGroup(max(idle_since), tuple(live)))
 
 
 def _view(spec: PoolSpec, acc: _Acc) -> PoolView:
