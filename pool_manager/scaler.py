@@ -31,7 +31,6 @@ refuses, the pass stops creating for that accelerator. Pure apart from the ledge
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,15 +72,35 @@ def terms(
     headroom: int | None,
 ) -> Terms:
     """The A.5 arithmetic for one pool. ``headroom`` in pods; ``None`` = unbounded."""
+    timeout = view.spec.idle_timeout_s
+    expired = sum(1 for g in view.idle_groups if g.since + timeout <= now)
+    return Terms(*_arithmetic(view, queued, owner_queued, expired, headroom))
+
+
+_ADD, _REMOVE, _BLOCKED = map(Terms.__match_args__.index, ("add", "remove", "blocked"))
+
+
+def _arithmetic(
+    view: PoolView,
+    queued: int,
+    owner_queued: Mapping[str, int],
+    expired: int,
+    headroom: int | None,
+) -> tuple[int, ...]:
+    """``terms`` as a plain tuple in ``Terms`` field order (``plan`` reads three of them
+    without building a ``Terms``); ``expired``: the idle groups past their keep-alive."""
     spec = view.spec
     floor, ceiling = spec.min_count, spec.max_count
-    matched = sum(min(n, owner_queued.get(owner, 0)) for owner, n in view.held_by_owner.items())
+    matched = 0
+    if owner_queued:
+        for owner, n in view.held_by_owner.items():
+            matched += min(n, owner_queued.get(owner, 0))
     idle = view.idle + matched
     held = view.held - matched
-    busy, starting = view.busy, view.starting
+    busy, starting, stale = view.busy, view.starting, view.stale
     demand = queued + busy
     eligible = starting + idle + busy
-    physical = eligible + held + view.stale
+    physical = eligible + held + stale
     floor_deficit = max(0, floor - (physical - view.single_use))
     demand_deficit = max(0, demand - eligible)
     room = ceiling - (physical + view.retiring)
@@ -91,16 +110,16 @@ def terms(
     add = max(0, add)
     idle_cap = min(spec.max_idle_count, ceiling - (physical - idle))
     retain = max(idle_cap, floor - (held + busy), demand - (starting + busy))
-    expired = sum(1 for g in view.idle_groups if g.since + spec.idle_timeout_s <= now)
     remove = 0 if add else max(0, min(idle - retain, expired, physical - floor))
     blocked = max(0, demand_deficit - max(0, ceiling - physical))
-    return Terms(
-        queued=queued, demand=demand, starting=starting, idle=idle, held=held, busy=busy,
-        stale=view.stale, single_use=view.single_use, retiring=view.retiring,
-        eligible=eligible, physical=physical, floor_deficit=floor_deficit,
-        demand_deficit=demand_deficit, add=add, idle_cap=idle_cap, retain=retain,
-        expired_idle=expired, remove=remove, blocked=blocked,
+    return (
+        queued, demand, starting, idle, held, busy, stale, view.single_use, view.retiring,
+        eligible, physical, floor_deficit, demand_deficit, add, idle_cap, retain, expired,
+        remove, blocked,
     )  # fmt: skip
+
+
+_NO_OWNERS: Mapping[str, int] = {}
 
 
 def plan(
@@ -110,33 +129,48 @@ def plan(
     ledger: BudgetLedger,
 ) -> list[Action]:
     """Creates and deletes for every pool, in a deterministic order (pools by name)."""
-    queued: Counter[str] = Counter()
-    by_owner: dict[str, Counter[str]] = {}
+    queued: dict[str, int] = {}
+    by_owner: dict[str, dict[str, int]] = {}
     waiting: set[str] = set()
     for req in demand:
-        queued[req.sku] += req.pods
+        sku = req.sku
+        queued[sku] = queued.get(sku, 0) + req.pods
         if not req.single_use:  # a held pod is never clean enough for a single-use job
-            by_owner.setdefault(req.sku, Counter())[req.caller] += req.pods
+            owners = by_owner.get(sku)
+            if owners is None:
+                by_owner[sku] = {req.caller: req.pods}
+            else:
+                owners[req.caller] = owners.get(req.caller, 0) + req.pods
         waiting.add(req.caller)
     actions: list[Action] = []
-    for sku in sorted(snapshot.pools):
-        view = snapshot.pools[sku]
+    pools = snapshot.pools
+    for sku in sorted(pools) if len(pools) > 1 else pools:
+        view = pools[sku]
         spec = view.spec
-        free = ledger.headroom(spec.accelerator)
-        headroom = None if free is None else free // max(1, spec.units_per_pod)
-        t = terms(view, queued[sku], by_owner.get(sku, Counter()), now, headroom)
-        for _ in range(t.add):
-            if not ledger.reserve(spec.accelerator, spec.units_per_pod):
+        accelerator, units = spec.accelerator, spec.units_per_pod
+        headroom = None
+        if ledger.budget(accelerator) is not None:  # unbounded: no lock to take
+            free = ledger.headroom(accelerator)
+            headroom = None if free is None else free // max(1, units)
+        timeout = spec.idle_timeout_s
+        expired = [g for g in view.idle_groups if g.since + timeout <= now]
+        t = _arithmetic(view, queued.get(sku, 0), by_owner.get(sku, _NO_OWNERS), len(expired),
+                        headroom)  # fmt: skip
+        for _ in range(t[_ADD]):
+            if not ledger.reserve(accelerator, units):
                 break
             actions.append(CreatePod(sku))
-        expired = sorted(
-            (g for g in view.idle_groups if g.since + spec.idle_timeout_s <= now),
-            key=lambda g: (g.since, g.pods),
-        )
-        for group in expired[: t.remove]:
-            actions.extend(DeletePod(name, "scale_down") for name in group.pods)
-        actions.extend(DeletePod(name, "stale_template") for name in view.stale_idle[: spec.step])
-        if t.blocked:
+        remove = t[_REMOVE]
+        if remove:
+            expired.sort(key=lambda g: (g.since, g.pods))
+            for group in expired[:remove]:
+                actions.extend(DeletePod(name, "scale_down") for name in group.pods)
+        if view.stale_idle:
+            actions.extend(
+                DeletePod(name, "stale_template") for name in view.stale_idle[: spec.step]
+            )
+        blocked = t[_BLOCKED]
+        if blocked:
             breakable = sorted(
                 (
                     h
@@ -145,7 +179,7 @@ def plan(
                 ),
                 key=lambda h: (h.released_at, h.name),
             )
-            actions.extend(DeletePod(h.name, "hold_broken") for h in breakable[: t.blocked])
+            actions.extend(DeletePod(h.name, "hold_broken") for h in breakable[:blocked])
         staged = 0
         for gpu, gap in view.standby_gaps:
             for _ in range(min(gap, spec.step - staged)):
