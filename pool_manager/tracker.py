@@ -38,7 +38,7 @@ from pool_manager.model import (
     PodInfo,
     PodRelease,
 )
-from pool_manager.pod_index import add, gpus_per_pod
+from pool_manager.pod_index import add, discard, gpus_per_pod
 from pool_manager.recovery import Recovery
 from pool_manager.scaler import plan
 from pool_manager.snapshot import PoolSnapshot, build_snapshot, row_of
@@ -389,21 +389,34 @@ class Tracker(Recovery):
     def expire(self, now: float) -> list[DeletePod]:
         """Owner holds past ``hold_until`` retire (never handed to anyone else)."""
         with self._lock:
-            out, self._switched = self._switched, []
-            self._sweep_empty_locked()
-            expired = [
-                pod
-                for bucket in self._exact.values()
-                for pod in bucket.values()
-                if pod.hold_until is not None and pod.hold_until <= now
-            ]
-            for pod in self._parked_locked():  # holds behind a closed gate expire too
+            return self._expire_locked(now)
+
+    def _expire_locked(self, now: float) -> list[DeletePod]:
+        """``expire``, plus the deletes a session switch left in ``_switched``. One walk of
+        ``_exact`` both finds expired holds and sweeps the buckets warm claims emptied (what
+        ``_sweep_empty_locked`` does)."""
+        out, self._switched = self._switched, []
+        expired: list[PodInfo] = []
+        emptied = []
+        for key, bucket in self._exact.items():
+            if not bucket:
+                emptied.append(key)
+                continue
+            for pod in bucket.values():
+                until = pod.hold_until
+                if until is not None and until <= now:
+                    expired.append(pod)
+        for key in emptied:
+            del self._exact[key]
+            discard(self._owned, key[:2], key[2:])
+        if self._gates:  # holds behind a closed gate expire too
+            for pod in self._parked_locked():
                 until = pod.hold_until
                 if pod.owner is not None and until is not None and until <= now:
                     expired.append(pod)
-            for pod in expired:
-                if self._retire_locked(pod, "hold_expired", now):
-                    out.append(DeletePod(pod.name, "hold_expired"))
+        for pod in expired:
+            if self._retire_locked(pod, "hold_expired", now):
+                out.append(DeletePod(pod.name, "hold_expired"))
         return out
 
     def retire(self, name: str, reason: str, now: float) -> bool:
@@ -425,12 +438,26 @@ class Tracker(Recovery):
         """One scaler pass: expire holds, plan on a snapshot, and mark every planned delete
         RETIRING (dropping deletes of pods claimed meanwhile). The shell then executes the
         returned actions: ``add_pod`` for each create before the next pass, then the backend
-        call; the backend delete, then ``pod_gone``."""
+        call; the backend delete, then ``pod_gone``.
+
+        ``expire`` and ``snapshot`` share one hold of ``_lock``, and the planned deletes are
+        marked under one more (the plan runs outside it): a valid order of the separate
+        ``expire``, ``snapshot`` and ``retire`` calls, in two lock round trips, not one per
+        delete."""
         with self._reconcile_lock:
-            actions: list[Action] = list(self.expire(now))
-            for action in plan(self.snapshot(now), demand, now, self.ledger):
-                if isinstance(action, CreatePod) or self.retire(action.name, action.reason, now):
-                    actions.append(action)
+            with self._lock:
+                actions: list[Action] = list(self._expire_locked(now))
+                rows = list(map(row_of, self._pods.values()))
+            planned = plan(build_snapshot(rows, self._specs, now), demand, now, self.ledger)
+            if planned:
+                with self._lock:
+                    for action in planned:
+                        if isinstance(action, CreatePod):
+                            actions.append(action)
+                            continue
+                        pod = self._pods.get(action.name)
+                        if pod is not None and self._retire_locked(pod, action.reason, now):
+                            actions.append(action)
             return actions
 
     # -- restart and the exclusivity sweep -------------------------------------------------
