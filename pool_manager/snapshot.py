@@ -16,6 +16,10 @@ match wins:
 ``physical = starting + idle + held + busy + stale``; ``retiring`` groups still occupy the
 ceiling and their budget units until they are gone.
 
+``IdleGroup``, ``HeldPod`` and ``PoolView`` are ``NamedTuple``s (as immutable as frozen
+dataclasses, which pay ``object.__setattr__`` per field: a 13-field ``PoolView`` cost more
+than classifying a small pool) and are built here with ``tuple.__new__``, in field order.
+
 Pure. The tracker copies one ``PodRow`` tuple per pod under its lock (one C-level
 ``attrgetter`` call each) and classifies them here, after releasing it: at 100,000 pods the
 lock is held for tens of milliseconds, not for the whole pass.
@@ -24,8 +28,9 @@ lock is held for tens of milliseconds, not for the whole pass.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from pool_manager.catalog import PoolSpec
@@ -49,6 +54,7 @@ class PodRow(NamedTuple):
 
 #: ``row_of(pod)`` -> the ``PodRow`` fields of a ``PodInfo``, as a plain tuple.
 row_of = attrgetter(*PodRow._fields)
+_new = tuple.__new__  # NamedTuple construction without the Python shim (fields in order)
 
 _SKU, _GPU, _STATE, _TEMPLATE, _SINGLE_USE = map(
     PodRow._fields.index, ("sku", "gpu", "state", "template", "single_use")
@@ -59,16 +65,14 @@ _STARTING, _IDLE, _ASSIGNED, _RUNNING, _RETIRING, _DELETED = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class IdleGroup:
+class IdleGroup(NamedTuple):
     """An unheld idle group scale-down may remove: idle since ``since``; all its pods."""
 
     since: float
     pods: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class HeldPod:
+class HeldPod(NamedTuple):
     """An owner-held idle pod, for hold breaking."""
 
     name: str
@@ -77,8 +81,7 @@ class HeldPod:
     created: float
 
 
-@dataclass(frozen=True, slots=True)
-class PoolView:
+class PoolView(NamedTuple):
     """One pool's group counts and the candidates the scaler may act on."""
 
     spec: PoolSpec
@@ -91,7 +94,7 @@ class PoolView:
     single_use: int = 0
     """The single-use part of ``stale`` (occupies the ceiling, cannot satisfy the floor)."""
     retiring: int = 0
-    held_by_owner: Mapping[str, int] = field(default_factory=dict)
+    held_by_owner: Mapping[str, int] = MappingProxyType({})
     idle_groups: tuple[IdleGroup, ...] = ()
     held_pods: tuple[HeldPod, ...] = ()
     stale_idle: tuple[str, ...] = ()
@@ -172,7 +175,7 @@ def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, row: tuple[Any, ..
         acc.starting += 1
     elif role == "standby" and state is _IDLE:
         acc.idle += 1
-        acc.idle_groups.append(IdleGroup(released_at or 0.0, (name,)))
+        acc.idle_groups.append(_new(IdleGroup, (released_at or 0.0, (name,))))
     elif single_use or template != spec.template:  # stale
         acc.stale += 1
         acc.single_use += single_use
@@ -182,11 +185,11 @@ def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, row: tuple[Any, ..
         acc.busy += 1
     elif owner is None:
         acc.idle += 1
-        acc.idle_groups.append(IdleGroup(released_at or 0.0, (name,)))
+        acc.idle_groups.append(_new(IdleGroup, (released_at or 0.0, (name,))))
     else:
         acc.held += 1
         acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
-        acc.held_pods.append(HeldPod(name, owner, released_at or 0.0, created))
+        acc.held_pods.append(_new(HeldPod, (name, owner, released_at or 0.0, created)))
 
 
 def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]]) -> None:
@@ -243,7 +246,7 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]
             acc.idle += 1
             if unowned:
                 since = max(p.released_at or 0.0 for p in fresh)
-                acc.idle_groups.append(IdleGroup(since, tuple(live)))
+                acc.idle_groups.append(_new(IdleGroup, (since, tuple(live))))
             return
         held = [p for p in idle_actives if p.owner is not None]
         acc.held += 1
@@ -251,29 +254,22 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]
         owner = latest.owner or ""
         acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
         acc.held_pods.extend(
-            HeldPod(p.name, p.owner or "", p.released_at or 0.0, p.created) for p in held
+            _new(HeldPod, (p.name, p.owner or "", p.released_at or 0.0, p.created)) for p in held
         )
         return
     if not idle_since:  # no idle member: its standbys are starting (or resetting)
         acc.starting += 1
         return
     acc.idle += 1  # a standby-only group: promotable for the next job
-    acc.idle_groups.append(IdleGroup(max(idle_since), tuple(live)))
+    acc.idle_groups.append(_new(IdleGroup, (max(idle_since), tuple(live))))
 
 
 def _view(spec: PoolSpec, acc: _Acc) -> PoolView:
-    return PoolView(
-        spec=spec,
-        starting=acc.starting,
-        idle=acc.idle,
-        held=acc.held,
-        busy=acc.busy,
-        stale=acc.stale,
-        single_use=acc.single_use,
-        retiring=acc.retiring,
-        held_by_owner=acc.held_by_owner,
-        idle_groups=tuple(acc.idle_groups),
-        held_pods=tuple(acc.held_pods),
-        stale_idle=tuple(acc.stale_idle),
-        standby_gaps=tuple(acc.standby_gaps),
-    )
+    return _new(
+        PoolView,
+        (
+            spec, acc.starting, acc.idle, acc.held, acc.busy, acc.stale, acc.single_use,
+            acc.retiring, acc.held_by_owner, tuple(acc.idle_groups), tuple(acc.held_pods),
+            tuple(acc.stale_idle), tuple(acc.standby_gaps),
+        ),
+    )  # fmt: skip
