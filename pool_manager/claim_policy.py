@@ -86,6 +86,9 @@ class ClaimPolicy(GpuGates):
     def _pick_many_locked(self, req: ClaimRequest, hint: bool) -> list[Pick] | None:
         """``req.pods`` pods on distinct physical GPUs, warmest first; ``None`` if fewer."""
         sku, caller = req.sku, req.caller
+        fresh, standby = self._fresh.get(sku), self._standby.get(sku)
+        if req.single_use and (len(fresh or ()) + len(standby or ())) < req.pods:
+            return None  # only never-used pods and standbys serve it: too few, whatever cards
         sources: list[tuple[Bucket | None, str, str | None]] = []
         recycled: list[tuple[Bucket | None, str, str | None]] = []
         if not req.single_use:
@@ -99,8 +102,8 @@ class ClaimPolicy(GpuGates):
                 else:
                     boundary = "tag_changed" if queue == req.queue else "queue_changed"
                     recycled.append((bucket, "recycled", boundary))
-        sources.append((self._fresh.get(sku), "idle", "no_owned_idle_pod"))
-        sources.append((self._standby.get(sku), "standby", "no_idle_pod"))
+        sources.append((fresh, "idle", "no_owned_idle_pod"))
+        sources.append((standby, "standby", "no_idle_pod"))
         sources.extend(recycled)
         chosen: list[Pick] = []
         cards: set[str] = set()

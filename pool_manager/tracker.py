@@ -56,6 +56,7 @@ _RETIRING = PodState.RETIRING
 _T = POD_TRANSITIONS
 _pod_fields = attrgetter(*(f.name for f in fields(PodInfo)))
 _new_lease = _new_release = tuple.__new__  # NamedTuple construction without the Python shim
+_RANK = {path: rank for rank, path in enumerate(PATH_ORDER)}
 _MISSES = {
     r: Miss(r)
     for r in ("unknown_sku", "no_idle_pod", "gang_unplaceable", "caller_pod_limit",
@@ -220,7 +221,7 @@ class Tracker(Recovery):
         for pod, path, why in picked:
             self._unindex_locked(pod)
             self._take_locked(pod, req, path, now)
-            rank = PATH_ORDER.index(path)
+            rank = _RANK[path]
             if rank > coldest or (rank == coldest and reason is None):
                 coldest, reason = rank, why
         if spec.tag_mode == "switch" and not req.single_use and coldest > 0:
