@@ -171,14 +171,12 @@ def plan(
             )
         blocked = t[_BLOCKED]
         if blocked:
-            breakable = sorted(
-                (
-                    h
-                    for h in view.held_pods
-                    if now - h.created >= spec.hold_min_tenure_s and h.owner not in waiting
-                ),
-                key=lambda h: (h.released_at, h.name),
-            )
+            tenure = spec.hold_min_tenure_s
+            breakable = [
+                h for h in view.held_pods if now - h.created >= tenure and h.owner not in waiting
+            ]
+            if len(breakable) > 1:
+                breakable.sort(key=lambda h: (h.released_at, h.name))
             actions.extend(DeletePod(h.name, "hold_broken") for h in breakable[:blocked])
         staged = 0
         for gpu, gap in view.standby_gaps:
