@@ -89,18 +89,18 @@ class ControlPlane(RuleBasedStateMachine):
                 continue
             self.check_lease(req, got, before)
             event(f"lease path {got.path}")
-            for delete in self.t.take_retired():  # a session switch ended only the caller's
-                old = before[delete.name]  # own other sessions on this queue and pool
+            switched = {d.name for d in self.t.take_retired()}
+            for name in switched:  # a session switch ended only the caller's own other
+                old = before[name]  # sessions on this queue and pool
                 assert CATALOG.pools[req.sku].tag_mode == "switch"
                 assert old.state is PodState.IDLE and old.owner == req.caller
                 assert (old.sku, old.queue) == (req.sku, req.queue) and old.tag != req.lease_tag
                 event("session switched")
-                self.deleting.add(delete.name)
+            self.deleting |= switched
             if fail[i % len(fail)]:  # the durable commit failed: pods back as they were
                 self.t.unclaim(req.job_id, self.now)
                 # A session switch (tag_mode "switch") is not undone: those pods stay retiring.
-                switched = {d.name for d in self.t.take_retired()}
-                self.deleting |= switched
+                assert self.t.take_retired() == []
                 after = {
                     p.name: (p.state, p.owner, p.tag, p.role)
                     for p in self.t.pods()
