@@ -43,6 +43,7 @@ def frontier(
     seeds: int = 3,
     rate: float = 0.12,
     duration_s: float = 3600.0,
+    callers: int = 1,
 ) -> list[dict[str, Any]]:
     """Held processor-time / an always-on pool sized to peak, and Δp50 start against it."""
     v = quiet_cpu()
@@ -112,15 +113,21 @@ def fragmentation(
     envs: Sequence[int] = (1, 4, 16, 64),
     seeds: int = 3,
     duration_s: float = 3600.0,
+    callers: int = 1,
 ) -> list[dict[str, Any]]:
     """One shared late-bound pool against a pool per environment (each up to the budget, or
-    the budget split), Zipf(s=1) environment popularity, 900 s keep-alive."""
+    the budget split), Zipf(s=1) environment popularity, 900 s keep-alive.
+
+    ``callers``: whose sessions these are. The default, one (a trainer's rollouts or an agent
+    service spanning E environments), isolates *environment* fragmentation, the paper's
+    question; with several callers owner-only reuse also splits the shared pool by caller
+    (8 callers: the shared pool holds ~3.2x the always-on pool for RL rollouts at any E)."""
     v = quiet_cpu(64).with_pool(idle_timeout_s=900.0)
     rows: list[dict[str, Any]] = []
     for kind, rate in (("rl-sessions", 0.01), ("sessions", 0.1)):
         for e in envs:
             for name in ("shared", "per-env", "per-env-split"):
-                wl = Workload(kind, rate=rate, duration_s=duration_s, envs=e)
+                wl = Workload(kind, rate=rate, duration_s=duration_s, envs=e, callers=callers)
                 runs = [run_once(v, parse_arm(name), wl, s)[0] for s in range(1, seeds + 1)]
                 hits = [sum(n for p, n in r.paths.items() if p in WARM_PATHS) / max(1, r.jobs)
                         for r in runs]  # fmt: skip

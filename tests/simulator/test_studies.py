@@ -39,3 +39,12 @@ def test_scale_shrinks_bodies_and_pauses_alike() -> None:
     quarter, _ = run_once(v, parse_arm("reuse-on"), Workload("w-agent", agents=1, scale=0.25), 3)
     assert quarter.jobs == full.jobs
     assert quarter.makespan_s < full.makespan_s * 0.5
+
+
+def test_one_shared_pool_stays_flat_while_pools_per_environment_grow() -> None:
+    rows = studies.fragmentation(envs=(1, 16), seeds=1, duration_s=1200.0)
+    held = {(r["workload"], r["envs"], r["arm"]): r["held_rel"] for r in rows}
+    for kind in ("rl-sessions", "sessions"):
+        shared_1, shared_16 = held[(kind, 1, "shared")], held[(kind, 16, "shared")]
+        assert shared_16 < 1.2 * shared_1  # flat: late binding shares pods across envs
+        assert held[(kind, 16, "per-env")] > 1.5 * shared_16
