@@ -170,8 +170,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _median_of(values: np.ndarray) -> Callable[[np.ndarray], float]:
-    return lambda idx: float(np.median(values[idx]))
+def _median_of(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """For ``bootstrap_ci``: the median of each resample (one row of indices each)."""
+    return lambda idx: np.median(values[idx], axis=1)
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[str, Any]:
