@@ -174,6 +174,11 @@ class Tracker(Recovery):
                 name, pod = bucket.popitem()
                 path = "warm"
                 reason: str | None = None
+                # transition(pod, _ASSIGNED, ...) inlined: a bucket holds only IDLE pods
+                if pod.state is not _IDLE:
+                    raise IllegalTransition(f"{name}: {pod.state} -> {_ASSIGNED} (warm)")
+                pod.state = _ASSIGNED
+                self.log.append((now, name, _IDLE, _ASSIGNED, "warm"))
             else:
                 picked = self._pick_cold_locked(req, spec.tag_mode == "hint")
                 if picked is None:
@@ -182,12 +187,15 @@ class Tracker(Recovery):
                 name = pod.name
                 if spec.tag_mode == "switch":
                     self._end_prior_sessions_locked(req, now)
-            transition(pod, _ASSIGNED, path, now, _T, self.log, name)
-            pod.job_id = req.job_id
-            if path != "warm":
+                transition(pod, _ASSIGNED, path, now, _T, self.log, name)
                 self._mark_taken_locked(pod, path)
-            if pod.gpu is not None:
-                self._close_gate_locked(pod, pod.gpu)
+            pod.job_id = req.job_id
+            gpu = pod.gpu
+            if gpu is not None:
+                if len(self._cards[gpu]) > 1:
+                    self._close_gate_locked(pod, gpu)
+                else:  # a group of one: nothing to park
+                    self._gates[gpu] = name
             pods = (name,)
             self._jobs[req.job_id] = (req, pods, pods if path == "standby" else ())
             if self._limited:
@@ -363,7 +371,12 @@ class Tracker(Recovery):
                 else:
                     pod.released_at = now
                     pod.hold_until = now + hold
-                    transition(pod, _IDLE, "released", now, _T, self.log, name)
+                    # transition(pod, _IDLE, "released", ...) inlined for the hot path
+                    old = pod.state
+                    if _IDLE not in _T[old]:
+                        raise IllegalTransition(f"{name}: {old} -> {_IDLE} (released)")
+                    pod.state = _IDLE
+                    self.log.append((now, name, old, _IDLE, "released"))
                     gpu = pod.gpu
                     if gpu is not None and self._gates.get(gpu) == name:
                         del self._gates[gpu]  # verified dead: the card may serve again
