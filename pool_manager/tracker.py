@@ -185,10 +185,10 @@ class Tracker(Recovery):
                     return _MISSES["no_idle_pod"]
                 pod, path, reason = picked
                 name = pod.name
-                if spec.tag_mode == "switch":
-                    self._end_prior_sessions_locked(req, now)
                 transition(pod, _ASSIGNED, path, now, _T, self.log, name)
                 self._mark_taken_locked(pod, path)
+                if spec.tag_mode == "switch":  # after the claim: its own pod is not idle
+                    self._end_prior_sessions_locked(req, now)
             pod.job_id = req.job_id
             gpu = pod.gpu
             if gpu is not None:
