@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,10 +122,23 @@ def run_once(
     return summarize(result), len(result.jobs)
 
 
-def _run_task(
-    task: tuple[Venue, Arm, Workload, int, tuple[Arm, int] | None],
-) -> tuple[RunMetrics, int]:
+Task = tuple[Venue, Arm, Workload, int, tuple[Arm, int] | None]
+"""The arguments of one ``run_once``."""
+
+
+def _run_task(task: Task) -> tuple[RunMetrics, int]:
     return run_once(*task)
+
+
+def run_many(tasks: Sequence[Task], workers: int = 1) -> list[tuple[RunMetrics, int]]:
+    """``run_once`` over ``tasks``, results in task order. ``workers`` > 1 runs them in that
+    many forked processes; each run depends only on its own arguments, so the results are
+    the same either way."""
+    workers = max(1, min(workers, len(tasks)))
+    if workers == 1:
+        return list(map(_run_task, tasks))
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(_run_task, tasks, chunksize=max(1, len(tasks) // (workers * 4)))
 
 
 def run_arms(
@@ -150,7 +163,7 @@ def run_arms(
     for r in range(repeats):
         order = list(range(len(arms)))
         sequence += [(i, seed + r) for i in order[r % len(order) :] + order[: r % len(order)]]
-    tasks = []
+    tasks: list[Task] = []
     for k, (i, run_seed) in enumerate(sequence):
         before = None
         if workload.carry_over:
@@ -159,17 +172,7 @@ def run_arms(
         tasks.append((venue, arms[i], workload, run_seed, before))
     jobs = 0
     t0 = time.perf_counter()
-    workers = max(1, min(workers, len(tasks)))
-    done: Iterator[tuple[RunMetrics, int]]
-    if workers == 1:
-        done = map(_run_task, tasks)
-    else:
-        pool = multiprocessing.get_context("fork").Pool(workers)
-        chunk = max(1, len(tasks) // (workers * 4))
-        done = iter(pool.map(_run_task, tasks, chunksize=chunk))
-        pool.close()
-        pool.join()
-    for (i, _), (metrics, n) in zip(sequence, done, strict=True):
+    for (i, _), (metrics, n) in zip(sequence, run_many(tasks, workers), strict=True):
         out[i].runs.append(metrics)
         jobs += n
     return out, jobs, time.perf_counter() - t0

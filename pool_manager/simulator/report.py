@@ -194,12 +194,14 @@ def write_report(directory: str, quick: bool = False, seed: int = 1, workers: in
     repeats = 3 if quick else 10
     seeds = 1 if quick else 3
     acc = [acceptance.run_row(row, repeats, seed, workers=workers) for row in acceptance.ROWS]
-    c1 = studies.frontier(seeds=seeds)
+    c1 = studies.frontier(seeds=seeds, workers=workers)
     grid_arms = [f"f{f}-c{c}-ka{k}" for f in (0, 1, 4) for c in (0, 2) for k in (60, 300)]
-    grid = studies.frontier(arms=grid_arms, patterns=("bursty",), seeds=1)
-    fig7 = studies.speedup_sweep(replicates=1 if quick else 3)
-    fig5 = studies.fragmentation(seeds=seeds, envs=(1, 4, 16, 64) if not quick else (1, 64))
-    fig5_callers = studies.fragmentation(seeds=seeds, envs=(1, 64), callers=8)
+    grid = studies.frontier(arms=grid_arms, patterns=("bursty",), seeds=1, workers=workers)
+    fig7 = studies.speedup_sweep(replicates=1 if quick else 3, workers=workers)
+    fig5 = studies.fragmentation(
+        seeds=seeds, envs=(1, 4, 16, 64) if not quick else (1, 64), workers=workers
+    )
+    fig5_callers = studies.fragmentation(seeds=seeds, envs=(1, 64), callers=8, workers=workers)
     jobs = sum(int(r["result"]["simulated_jobs"]) for r in acc)
     acc_wall = sum(float(r["result"]["wall_s"]) for r in acc)
     wall = time.perf_counter() - t0

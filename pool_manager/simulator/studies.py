@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from pool_manager.simulator.arms import parse_arm
-from pool_manager.simulator.experiment import Workload, run_once, with_dispatch
+from pool_manager.simulator.experiment import Task, Workload, run_many, with_dispatch
 from pool_manager.simulator.metrics import RunMetrics, median, pct
 from pool_manager.simulator.venue import Venue, load_venue
 
@@ -44,6 +44,7 @@ def frontier(
     rate: float = 0.12,
     duration_s: float = 3600.0,
     callers: int = 8,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """Held processor-time / an always-on pool sized to peak, and Δp50 start against it.
     ``callers``: agent sessions come from this many callers (each keeps its owner holds);
@@ -51,21 +52,25 @@ def frontier(
     v = quiet_cpu()
     warm = _warm_p50(v)
     rows: list[dict[str, Any]] = []
-    for pattern in patterns:
-        wl = Workload(
-            "sessions", pattern=pattern, rate=rate, duration_s=duration_s, callers=callers
-        )
-        for name in arms:
-            runs = [run_once(v, parse_arm(name), wl, s)[0] for s in range(1, seeds + 1)]
-            rows.append({
-                "pattern": pattern, "arm": name,
-                "held_rel": median([r.held_rel for r in runs]),
-                "dp50_s": median([_delta_p50(r, warm) for r in runs]),
-                "p50_s": median([r.start_p50 for r in runs]),
-                "p90_s": median([r.start_p90 for r in runs]),
-                "peak": median([r.always_on_s / r.makespan_s for r in runs]),
-                "pods_created": median([r.pods_created for r in runs]),
-            })  # fmt: skip
+    cells = [(pattern, name) for pattern in patterns for name in arms]
+    tasks: list[Task] = [
+        (v, parse_arm(name), Workload("sessions", pattern=pattern, rate=rate,
+                                      duration_s=duration_s, callers=callers), s, None)
+        for pattern, name in cells
+        for s in range(1, seeds + 1)
+    ]  # fmt: skip
+    done = iter(run_many(tasks, workers))
+    for pattern, name in cells:
+        runs = [next(done)[0] for _ in range(seeds)]
+        rows.append({
+            "pattern": pattern, "arm": name,
+            "held_rel": median([r.held_rel for r in runs]),
+            "dp50_s": median([_delta_p50(r, warm) for r in runs]),
+            "p50_s": median([r.start_p50 for r in runs]),
+            "p90_s": median([r.start_p90 for r in runs]),
+            "peak": median([r.always_on_s / r.makespan_s for r in runs]),
+            "pods_created": median([r.pods_created for r in runs]),
+        })  # fmt: skip
     return rows
 
 
@@ -74,26 +79,32 @@ def speedup_sweep(
     bodies: Sequence[float] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
     thinks: Sequence[float] = (0, 30, 120, 600, 1800),
     replicates: int = 3,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """Reuse On over Reuse Off makespan on the calibrated production CPU venue, with the
     paper's earlier dispatcher (tick-driven, ``tag_mode: switch``) as in Table 5's Reuse Off
     columns, which this figure extends."""
     v = with_dispatch(load_venue("prod-cpu"), "tick").with_pool(tag_mode="switch")
     on, off = parse_arm("reuse-on"), parse_arm("reuse-off")
+    cells = [(kind, think, body) for kind in ("w-rl", "w-agent") for think in thinks
+             for body in bodies]  # fmt: skip
+    tasks: list[Task] = [
+        (v, arm, Workload(kind, agents=4, body_s=float(body), think_s=float(think)), s, None)
+        for kind, think, body in cells
+        for s in range(1, replicates + 1)
+        for arm in (on, off)
+    ]
+    done = iter(run_many(tasks, workers))
     rows: list[dict[str, Any]] = []
-    for kind in ("w-rl", "w-agent"):
-        for think in thinks:
-            for body in bodies:
-                ratios = []
-                for s in range(1, replicates + 1):
-                    wl = Workload(kind, agents=4, body_s=float(body), think_s=float(think))
-                    a = run_once(v, on, wl, s)[0].makespan_s
-                    b = run_once(v, off, wl, s)[0].makespan_s
-                    ratios.append(b / a)
-                rows.append(
-                    {"workload": kind, "think_s": think, "body_s": body,
-                     "speedup": median(ratios), "lo": min(ratios), "hi": max(ratios)}
-                )  # fmt: skip
+    for kind, think, body in cells:
+        ratios = []
+        for _ in range(replicates):
+            a, b = next(done)[0].makespan_s, next(done)[0].makespan_s
+            ratios.append(b / a)
+        rows.append(
+            {"workload": kind, "think_s": think, "body_s": body,
+             "speedup": median(ratios), "lo": min(ratios), "hi": max(ratios)}
+        )  # fmt: skip
     return rows
 
 
@@ -118,6 +129,7 @@ def fragmentation(
     seeds: int = 3,
     duration_s: float = 3600.0,
     callers: int = 1,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
     """One shared late-bound pool against a pool per environment (each up to the budget, or
     the budget split), Zipf(s=1) environment popularity, 900 s keep-alive.
@@ -127,18 +139,24 @@ def fragmentation(
     question; with several callers owner-only reuse also splits the shared pool by caller
     (8 callers: the shared pool holds ~3.2x the always-on pool for RL rollouts at any E)."""
     v = quiet_cpu(64).with_pool(idle_timeout_s=900.0)
+    cells = [(kind, rate, e, name) for kind, rate in (("rl-sessions", 0.01), ("sessions", 0.1))
+             for e in envs for name in ("shared", "per-env", "per-env-split")]  # fmt: skip
+    tasks: list[Task] = [
+        (v, parse_arm(name), Workload(kind, rate=rate, duration_s=duration_s, envs=e,
+                                      callers=callers), s, None)
+        for kind, rate, e, name in cells
+        for s in range(1, seeds + 1)
+    ]  # fmt: skip
+    done = iter(run_many(tasks, workers))
     rows: list[dict[str, Any]] = []
-    for kind, rate in (("rl-sessions", 0.01), ("sessions", 0.1)):
-        for e in envs:
-            for name in ("shared", "per-env", "per-env-split"):
-                wl = Workload(kind, rate=rate, duration_s=duration_s, envs=e, callers=callers)
-                runs = [run_once(v, parse_arm(name), wl, s)[0] for s in range(1, seeds + 1)]
-                hits = [sum(n for p, n in r.paths.items() if p in WARM_PATHS) / max(1, r.jobs)
-                        for r in runs]  # fmt: skip
-                rows.append({
-                    "workload": kind, "envs": e, "arm": name,
-                    "held_rel": median([r.held_rel for r in runs]),
-                    "hit_rate": median(hits),
-                    "p90_s": median([r.start_p90 for r in runs]),
-                })  # fmt: skip
+    for kind, _, e, name in cells:
+        runs = [next(done)[0] for _ in range(seeds)]
+        hits = [sum(n for p, n in r.paths.items() if p in WARM_PATHS) / max(1, r.jobs)
+                for r in runs]  # fmt: skip
+        rows.append({
+            "workload": kind, "envs": e, "arm": name,
+            "held_rel": median([r.held_rel for r in runs]),
+            "hit_rate": median(hits),
+            "p90_s": median([r.start_p90 for r in runs]),
+        })  # fmt: skip
     return rows

@@ -43,6 +43,7 @@ def test_scale_shrinks_bodies_and_pauses_alike() -> None:
 
 def test_one_shared_pool_stays_flat_while_pools_per_environment_grow() -> None:
     rows = studies.fragmentation(envs=(1, 16), seeds=1, duration_s=1200.0)
+    assert rows == studies.fragmentation(envs=(1, 16), seeds=1, duration_s=1200.0, workers=2)
     held = {(r["workload"], r["envs"], r["arm"]): r["held_rel"] for r in rows}
     for kind in ("rl-sessions", "sessions"):
         shared_1, shared_16 = held[(kind, 1, "shared")], held[(kind, 16, "shared")]
