@@ -9,6 +9,7 @@ each run on the pool the previous run left, the carry-over the paper's crossover
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -132,10 +133,12 @@ def _run_task(task: Task) -> tuple[RunMetrics, int]:
 
 def run_many(tasks: Sequence[Task], workers: int = 1) -> list[tuple[RunMetrics, int]]:
     """``run_once`` over ``tasks``, results in task order. ``workers`` > 1 runs them in that
-    many forked processes; each run depends only on its own arguments, so the results are
-    the same either way."""
+    many forked processes (only from a single-threaded process); each run depends only on
+    its own arguments, so the results are the same either way."""
     workers = max(1, min(workers, len(tasks)))
-    if workers == 1:
+    if workers == 1 or threading.active_count() > 1:
+        # Forking a multi-threaded process can deadlock a child on a lock some other thread
+        # held (Python 3.12+ warns); the results are the same in one process.
         return list(map(_run_task, tasks))
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return pool.map(_run_task, tasks, chunksize=max(1, len(tasks) // (workers * 4)))

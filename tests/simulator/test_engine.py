@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -161,6 +162,7 @@ def test_carry_over_starts_each_run_on_the_pool_the_run_before_it_left() -> None
 
 def test_runs_in_worker_processes_give_the_same_results() -> None:
     v, wl, arms = load_venue("prod-cpu"), Workload("w-rl"), arm_names("reuse-on,reuse-off")
+    assert threading.active_count() == 1, "run_many would not fork: this would test nothing"
     serial = report(v, wl, *run_arms(v, wl, arms, 3, seed=5))
     forked = report(v, wl, *run_arms(v, wl, arms, 3, seed=5, workers=2))
     for out in (serial, forked):
