@@ -283,7 +283,13 @@ class Tracker(Recovery):
 
     def take_retired(self) -> list[DeletePod]:
         """Deletes for pods a claim retired (a session switch), for the shell to carry out;
-        each is returned once. ``dispatch_pass`` and ``expire`` drain it."""
+        each is returned once. ``dispatch_pass`` and ``expire`` drain it.
+
+        The emptiness check runs without the lock (every pass of every pool calls this; only
+        ``switch`` pools ever fill it): a delete appended concurrently is returned by the next
+        drain, as it would be had it come a moment later."""
+        if not self._switched:
+            return []
         with self._lock:
             out, self._switched = self._switched, []
             return out
