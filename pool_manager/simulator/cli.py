@@ -24,7 +24,7 @@ from pool_manager.simulator.experiment import (
     run_arms,
     with_dispatch,
 )
-from pool_manager.simulator.venue import load_venue, venue_names
+from pool_manager.simulator.venue import load_venue, venue_names, with_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
         choices=TAG_MODES,
         default=None,
         help="override the pool's tag_mode (switch: the paper's earlier Reuse Off rule)",
+    )
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override a venue constant for a sensitivity run, e.g. job_overhead=0, "
+        "termination=45/60 (median/p90), start_phases.agent_ready=3, pool.idle_timeout_s=60; "
+        "repeatable",
     )
     p.add_argument("--body", type=float, default=None, help="fixed job body length (s)")
     p.add_argument("--think", type=float, default=None, help="fixed think time (s)")
@@ -111,6 +120,7 @@ def main(argv: list[str]) -> int:
         venue = with_dispatch(load_venue(args.venue), args.dispatch)
         if args.tag_mode is not None:
             venue = venue.with_pool(tag_mode=args.tag_mode)
+        venue = with_settings(venue, args.set)
         arms = arm_names(args.arms)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

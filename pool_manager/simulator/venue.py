@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pool_manager.catalog import PoolSpec
+from pool_manager.catalog import TAG_MODES, PoolSpec
 
 VENUE_DIR = Path(__file__).resolve().parent / "venues"
 _Z90 = 1.2815515655446004  # standard normal quantile at 0.9
@@ -163,3 +163,80 @@ def load_venue(name_or_path: str) -> Venue:
     if not path.exists():
         raise ValueError(f"unknown venue {name_or_path!r}; shipped: {', '.join(venue_names())}")
     return venue_from_mapping(yaml.safe_load(path.read_text()))
+
+
+_DIST_KEYS = ("termination", "handoff", "first_instruction", "tenant_wait", "job_overhead")
+_FLOAT_KEYS = ("start_contention", "accept_s", "dispatch_s", "reset_s", "tick_s", "reconcile_s")
+_INT_KEYS = ("budget", "gpus_per_node")
+_POOL_SETTINGS = ("min_count", "max_idle_count", "max_count", "idle_timeout_s", "caller_hold_s",
+                  "step", "tag_mode", "standbys_per_active", "hold_min_tenure_s")  # fmt: skip
+
+
+def _number(key: str, text: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"--set {key}: {text!r} is not {what}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"--set {key}: {text!r} must be a finite number >= 0")
+    return value
+
+
+def _dist(key: str, text: str) -> Dist:
+    median, _, p90 = text.partition("/")
+    m = _number(key, median, float)
+    q = _number(key, p90, float) if p90 else m
+    if q < m:
+        raise ValueError(f"--set {key}: p90 {q:g} is below the median {m:g}")
+    return Dist(m, q)
+
+
+def with_settings(venue: Venue, settings: Sequence[str]) -> Venue:
+    """``venue`` with ``KEY=VALUE`` overrides, for sensitivity runs (``firepool simulate
+    --set``). Durations take ``MEDIAN`` or ``MEDIAN/P90``; ``start_phases.NAME`` one start
+    phase; ``pool.FIELD`` a scaling knob (``pool.idle_timeout_s=60``,
+    ``pool.caller_hold_s=none``). Unknown keys and bad
+    values raise ``ValueError`` naming the key."""
+    for item in settings:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise ValueError(f"--set takes KEY=VALUE, not {item!r}")
+        if key in _DIST_KEYS:
+            venue = venue.with_(**{key: _dist(key, text)})
+        elif key in _FLOAT_KEYS:
+            venue = venue.with_(**{key: _number(key, text, float)})
+        elif key in _INT_KEYS:
+            venue = venue.with_(**{key: int(_number(key, text, int))})
+        elif key == "dispatch_mode":
+            if text not in ("event", "tick"):
+                raise ValueError("--set dispatch_mode: 'event' or 'tick'")
+            venue = replace(venue, dispatch_mode=text)
+        elif key.startswith("start_phases."):
+            phase = key.removeprefix("start_phases.")
+            if phase not in venue.start_phases:
+                known = ", ".join(venue.start_phases)
+                raise ValueError(
+                    f"--set {key}: {venue.name} has no start phase {phase!r} ({known})"
+                )
+            venue = replace(venue, start_phases={**venue.start_phases, phase: _dist(key, text)})
+        elif key.startswith("pool.") and key.removeprefix("pool.") in _POOL_SETTINGS:
+            venue = venue.with_pool(**{key.removeprefix("pool."): _pool_value(venue, key, text)})
+        else:
+            keys = [*_DIST_KEYS, *_FLOAT_KEYS, *_INT_KEYS, "dispatch_mode", "start_phases.NAME",
+                    *(f"pool.{k}" for k in _POOL_SETTINGS)]  # fmt: skip
+            raise ValueError(f"--set: unknown key {key!r}; known: {', '.join(keys)}")
+    return venue
+
+
+def _pool_value(venue: Venue, key: str, text: str) -> object:
+    name = key.removeprefix("pool.")
+    current = getattr(venue.pool, name)
+    if name == "tag_mode":
+        if text not in TAG_MODES:
+            raise ValueError(f"--set {key}: one of {', '.join(TAG_MODES)}")
+        return text
+    if name == "caller_hold_s":
+        return None if text == "none" else _number(key, text, float)
+    return _number(key, text, int if isinstance(current, int) else float)
