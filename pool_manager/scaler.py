@@ -122,6 +122,21 @@ def _arithmetic(
 _NO_OWNERS: Mapping[str, int] = {}
 
 
+def next_keepalive_expiry(snapshot: PoolSnapshot, now: float) -> float:
+    """The first time after ``now`` at which an unheld idle group passes its keep-alive
+    (``expiredIdle`` grows), ``inf`` if none. With nothing queued this is the only term of
+    ``plan`` that moves with time alone (hold breaking needs queued jobs), so a pass with no
+    demand on the same snapshot and ledger plans the same before it."""
+    soonest = float("inf")
+    for view in snapshot.pools.values():
+        timeout = view.spec.idle_timeout_s
+        for group in view.idle_groups:
+            at = group.since + timeout  # expired at ``now`` iff ``at <= now``, as in ``plan``
+            if now < at < soonest:
+                soonest = at
+    return soonest
+
+
 def plan(
     snapshot: PoolSnapshot,
     demand: Sequence[ClaimRequest],

@@ -40,7 +40,7 @@ from pool_manager.model import (
 )
 from pool_manager.pod_index import add, discard, gpus_per_pod
 from pool_manager.recovery import Recovery
-from pool_manager.scaler import plan
+from pool_manager.scaler import next_keepalive_expiry, plan
 from pool_manager.snapshot import PoolSnapshot, build_snapshot, row_of
 from pool_manager.states import (
     POD_TRANSITIONS,
@@ -479,6 +479,24 @@ class Tracker(Recovery):
                         if pod is not None and self._retire_locked(pod, action.reason, now):
                             actions.append(action)
             return actions
+
+    def quiet_until(self, now: float) -> float:
+        """How long ``reconcile`` with no demand stays a no-op: if one at ``now`` returned no
+        action, one at any later time before the returned one returns none either, as long
+        as no pod, lease, card or budget changes in between. That is the first owner hold
+        to expire or unheld idle group to pass its keep-alive after ``now`` (``inf`` if
+        none): the only inputs of a pass without demand that move with time alone. (A
+        claim can fill ``take_retired``'s list, but only a queued job claims.)"""
+        with self._lock:
+            holds = [pod.hold_until for bucket in self._exact.values() for pod in bucket.values()]
+            if self._gates:
+                holds.extend(p.hold_until for p in self._parked_locked() if p.owner is not None)
+            rows = list(map(row_of, self._pods.values()))
+        soonest = next_keepalive_expiry(build_snapshot(rows, self._specs, now), now)
+        for until in holds:
+            if until is not None and now < until < soonest:  # expired iff ``until <= now``
+                soonest = until
+        return soonest
 
     # -- restart and the exclusivity sweep -------------------------------------------------
     def restore(
