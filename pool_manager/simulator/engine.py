@@ -101,9 +101,11 @@ class Simulation:
         self.replan = True
         self.new_demand = False
         self.dispatch_at = float("inf")
-        self.quiet_until = -1.0
-        """Before this time a pass with nothing queued would change nothing: its reconcile
-        is skipped (``Tracker.quiet_until``). Reset by every change to the tracker."""
+        self.quiet_since = -1.0
+        """When the last pass with nothing queued planned nothing, if nothing changed in the
+        tracker since (every change resets it to -1); later such passes are skipped until
+        ``quiet_until``, asked of the tracker once the first of them comes."""
+        self.quiet_until: float | None = None
         self.event_mode = venue.dispatch_mode == "event"
         self.epoch = 0
         """Runs before this one on this pool (``warm_up``); part of every fresh tag."""
@@ -191,10 +193,13 @@ class Simulation:
         if not queue:
             if not reconcile:
                 return
-            if now < self.quiet_until:  # the pass would return nothing: skip its reconcile
-                self.replan = False
-                self.next_reconcile = now + self.venue.reconcile_s
-                return
+            if self.quiet_since >= 0:
+                if self.quiet_until is None:  # the state is still that of ``quiet_since``
+                    self.quiet_until = self.tracker.quiet_until(self.quiet_since)
+                if now < self.quiet_until:  # the pass would return nothing: skip it
+                    self.replan = False
+                    self.next_reconcile = now + self.venue.reconcile_s
+                    return
         result = dispatch_pass(
             self.tracker, [j.req for j in queue], now, reconcile, replan_waiting=new_demand
         )
@@ -202,9 +207,9 @@ class Simulation:
             self.replan = False
             self.next_reconcile = now + self.venue.reconcile_s
         if reconcile and not queue and not result.actions:
-            self.quiet_until = self.tracker.quiet_until(now)
+            self.quiet_since, self.quiet_until = now, None
         else:
-            self.quiet_until = -1.0
+            self.quiet_since = -1.0
         if result.leases:
             placed = {lease.job_id: lease for lease in result.leases}
             rest: list[Job] = []
@@ -256,7 +261,7 @@ class Simulation:
 
     def _ready(self, name: str) -> None:
         self.starting -= 1
-        self.quiet_until = -1.0
+        self.quiet_since = -1.0
         if name in self.deleting:
             return
         card = self.pod_card.get(name)
@@ -278,7 +283,7 @@ class Simulation:
 
     def _gone(self, name: str) -> None:
         self.deleting.discard(name)
-        self.quiet_until = -1.0
+        self.quiet_since = -1.0
         self.tracker.pod_gone(name, self.now)
         card = self.pod_card.pop(name, None)
         if card is not None:
@@ -336,7 +341,7 @@ class Simulation:
             elif kind == _RELEASE:
                 job = obj  # type: ignore[assignment]
                 self.busy -= len(job.pods)
-                self.quiet_until = -1.0
+                self.quiet_since = -1.0
                 for rel in self.tracker.release(job.id, True, t):
                     if rel.retire:
                         self.deleting.add(rel.name)
