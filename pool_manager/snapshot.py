@@ -56,8 +56,9 @@ class PodRow(NamedTuple):
 row_of = attrgetter(*PodRow._fields)
 _new = tuple.__new__  # NamedTuple construction without the Python shim (fields in order)
 
-_SKU, _GPU, _STATE, _TEMPLATE, _SINGLE_USE = map(
-    PodRow._fields.index, ("sku", "gpu", "state", "template", "single_use")
+_NAME, _SKU, _GPU, _STATE, _OWNER, _TEMPLATE, _SINGLE_USE, _RELEASED_AT, _CREATED = map(
+    PodRow._fields.index,
+    ("name", "sku", "gpu", "state", "owner", "template", "single_use", "released_at", "created"),
 )
 _STARTING, _IDLE, _ASSIGNED, _RUNNING, _RETIRING, _DELETED = (
     PodState.STARTING, PodState.IDLE, PodState.ASSIGNED, PodState.RUNNING, PodState.RETIRING,
@@ -159,10 +160,6 @@ def build_snapshot(
     return PoolSnapshot(now, {sku: _view(specs[sku], acc) for sku, acc in accs.items()})
 
 
-def _stale(pod: PodRow, spec: PoolSpec) -> bool:
-    return pod.single_use or pod.template != spec.template
-
-
 def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, row: tuple[Any, ...]) -> None:
     """``_classify`` for a group of one pod (most groups), without the intermediate lists."""
     name, _, _, role, state, owner, template, single_use, released_at, created = row
@@ -197,7 +194,7 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]
     live: list[str] = []  # names of the members not retiring, in order
     leased: tuple[Any, ...] | None = None  # the first leased live member
     has_active = active_starting = False
-    idle_actives: list[PodRow] = []
+    idle_actives: list[tuple[Any, ...]] = []
     idle_since: list[float] = []  # released_at of idle members (only standbys, if used)
     unowned = True  # no live member has an owner
     for row in members:
@@ -214,7 +211,7 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]
         if role != "standby":
             has_active = True
             if state is _IDLE:
-                idle_actives.append(PodRow._make(row))
+                idle_actives.append(row)
             elif state is _STARTING:
                 active_starting = True
     if not live:
@@ -236,32 +233,64 @@ def _classify(acc: _Acc, spec: PoolSpec, gpu: str, members: list[tuple[Any, ...]
         acc.starting += 1
         return
     if idle_actives:
-        if all(_stale(p, spec) for p in idle_actives):
-            acc.stale += 1
-            acc.single_use += any(p.single_use for p in idle_actives)
-            acc.stale_idle.extend(p.name for p in idle_actives if not p.single_use)
-            return
-        fresh = [p for p in idle_actives if p.owner is None and not _stale(p, spec)]
-        if fresh:
-            acc.idle += 1
-            if unowned:
-                since = max(p.released_at or 0.0 for p in fresh)
-                acc.idle_groups.append(_new(IdleGroup, (since, tuple(live))))
-            return
-        held = [p for p in idle_actives if p.owner is not None]
-        acc.held += 1
-        latest = max(held, key=lambda p: (p.released_at or 0.0, p.name))
-        owner = latest.owner or ""
-        acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
-        acc.held_pods.extend(
-            _new(HeldPod, (p.name, p.owner or "", p.released_at or 0.0, p.created)) for p in held
-        )
+        _classify_idle(acc, spec, idle_actives, live if unowned else None)
         return
     if not idle_since:  # no idle member: its standbys are starting (or resetting)
         acc.starting += 1
         return
     acc.idle += 1  # a standby-only group: promotable for the next job
     acc.idle_groups.append(_new(IdleGroup, (max(idle_since), tuple(live))))
+
+
+def _classify_idle(
+    acc: _Acc, spec: PoolSpec, idle_actives: list[tuple[Any, ...]], unowned: list[str] | None
+) -> None:
+    """A group with idle active pods and nothing leased or starting: ``stale`` if they are
+    all single-use or of an old template, else ``idle`` if one is never used (an
+    ``IdleGroup`` of the ``unowned`` group's live pods, unless some pod of it has an
+    owner), else ``held`` by the owner of the most recently released one."""
+    template = spec.template
+    all_stale = True
+    stale_names: list[str] = []  # the stale ones not single-use
+    any_single_use = False
+    fresh_since: float | None = None  # the latest release of a fresh (never-used) pod
+    held: list[tuple[Any, ...]] = []  # every one with an owner, stale or not
+    for row in idle_actives:
+        name, _, _, _, _, owner, row_template, single_use, released_at, _ = row
+        if owner is not None:
+            held.append(row)
+        if single_use or row_template != template:
+            any_single_use = any_single_use or bool(single_use)
+            if not single_use:
+                stale_names.append(name)
+            continue
+        all_stale = False
+        if owner is None:
+            since = released_at or 0.0
+            if fresh_since is None or since > fresh_since:
+                fresh_since = since
+    if all_stale:
+        acc.stale += 1
+        acc.single_use += any_single_use
+        acc.stale_idle.extend(stale_names)
+        return
+    if fresh_since is not None:
+        acc.idle += 1
+        if unowned is not None:
+            acc.idle_groups.append(_new(IdleGroup, (fresh_since, tuple(unowned))))
+        return
+    acc.held += 1
+    latest = max(held, key=_release_order)
+    owner = latest[_OWNER] or ""
+    acc.held_by_owner[owner] = acc.held_by_owner.get(owner, 0) + 1
+    acc.held_pods.extend(
+        _new(HeldPod, (row[_NAME], row[_OWNER] or "", row[_RELEASED_AT] or 0.0, row[_CREATED]))
+        for row in held
+    )
+
+
+def _release_order(row: tuple[Any, ...]) -> tuple[float, str]:
+    return (row[_RELEASED_AT] or 0.0, row[_NAME])
 
 
 def _view(spec: PoolSpec, acc: _Acc) -> PoolView:
