@@ -322,6 +322,7 @@ class Simulation:
         end = -1.0
         stop_at = horizon_s
         events = 0
+        floor_units = self.floor_units * self.per_unit
         while heap:
             t, _, kind, obj = pop(heap)
             if t > stop_at:
@@ -329,7 +330,10 @@ class Simulation:
             self.area += self.units * (t - self.now)
             self.now = t
             events += 1
-            if kind == _DONE:
+            if kind == _DISPATCH:  # the most frequent first
+                self.dispatch_at = float("inf")
+                self._dispatch()
+            elif kind == _DONE:
                 job: Job = obj  # type: ignore[assignment]
                 job.finished = t
                 self.live_jobs -= 1
@@ -347,9 +351,6 @@ class Simulation:
                         self.deleting.add(rel.name)
                         self._push(t + self.venue.termination.sample(self.rng), _GONE, rel.name)
                 self._wake()
-            elif kind == _DISPATCH:
-                self.dispatch_at = float("inf")
-                self._dispatch()
             elif kind == _WAKE:
                 self._step(obj)  # type: ignore[arg-type]
             elif kind == _READY:
@@ -358,13 +359,15 @@ class Simulation:
                 self._gone(obj)  # type: ignore[arg-type]
             else:  # _TICK: the fallback tick (tick mode: the only dispatch trigger)
                 self._dispatch()
-                self._push(t + tick, _TICK, None)
-            if end < 0 and self.live_procs == 0 and self.live_jobs == 0:
+                push(heap, (t + tick, seq(), _TICK, None))
+            if end < 0:
+                if self.live_procs or self.live_jobs:
+                    continue
                 end = t
                 if until_idle:
                     break
                 stop_at = min(stop_at, t + self._drain_s())
-            if end >= 0 and self.units <= self.floor_units * self.per_unit and not self.deleting:
+            if self.units <= floor_units and not self.deleting:
                 break
         if end < 0 and self.live_jobs:
             raise RuntimeError(
