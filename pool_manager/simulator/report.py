@@ -202,7 +202,9 @@ def _fig5(out: Path, rows: list[dict[str, Any]], by_caller: list[dict[str, Any]]
     return (
         "One caller's sessions over E environments (paper, RL rollouts at E = 64: shared pool "
         "1.06x the always-on pool, a pool per environment 2.15x with its hit rate falling "
-        "0.85 -> 0.68, the split budget pushing p90 start to 400 s).\n\n"
+        "0.85 -> 0.68, the split budget pushing p90 start to 400 s). RL sessions arrive at "
+        "0.05/s, calibrated on that 400 s (the paper gives no rate); agent sessions at "
+        "0.1/s.\n\n"
         + _fig5_table(rows)
         + "\nThe same with 8 callers: owner-only reuse also splits the shared pool by caller.\n\n"
         + _fig5_table(by_caller)
