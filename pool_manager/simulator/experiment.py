@@ -139,9 +139,10 @@ def run_many(tasks: Sequence[Task], workers: int = 1) -> list[tuple[RunMetrics, 
     single-threaded process); each run depends only on its own arguments, so the results are
     the same either way."""
     workers = max(1, min(workers, len(tasks)))
-    if workers == 1 or threading.active_count() > 1:
+    if workers == 1 or threading.active_count() > 1 or not hasattr(os, "memfd_create"):
         # Forking a multi-threaded process can deadlock a child on a lock some other thread
-        # held (Python 3.12+ warns); the results are the same in one process.
+        # held (Python 3.12+ warns), and the shared counter needs Linux's memfd; the results
+        # are the same in one process.
         return list(map(_run_task, tasks))
     return _run_forked(tasks, workers)
 

@@ -48,3 +48,18 @@ def test_an_error_in_any_worker_reaches_the_caller() -> None:
     for workers in (1, 2, 3):
         with pytest.raises(ValueError, match="unknown workload"):
             run_many(tasks, workers)
+
+
+def test_without_memfd_the_runs_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Linux's ``memfd_create`` is missing (macOS) the shared counter cannot exist, so
+    every run happens here, serially, with the same results."""
+    real = experiment._run_task
+    serial = run_many(_tasks(4), 1)
+
+    def run_task(task: Task) -> tuple[experiment.RunMetrics, int]:
+        return real(task)[0], os.getpid()
+
+    monkeypatch.delattr(os, "memfd_create")
+    assert [m for m, _ in run_many(_tasks(4), 2)] == [m for m, _ in serial]
+    monkeypatch.setattr(experiment, "_run_task", run_task)
+    assert {pid for _, pid in run_many(_tasks(4), 2)} == {os.getpid()}
