@@ -77,9 +77,13 @@ def run_row(
     compare_retire: bool = True,
 ) -> dict[str, Any]:
     """Run one row's campaign; ``compare_retire`` also runs a non-``retire`` row under our
-    default ``tag_mode`` (``speedup_tag_mode_retire``)."""
+    default ``tag_mode`` (``speedup_tag_mode_retire``). The verdict is on runs from an empty
+    pool; ``speedup_carry_over`` is the same campaign run as the paper ran it, each run on
+    the pool the run before it left (``Workload.carry_over``)."""
     base = venue or load_venue(row.venue)
     out, eff = _campaign(row, base, row.tag_mode, repeats, seed, workers)
+    carried = replace(row, workload=replace(row.workload, carry_over=True))
+    carried_eff = _campaign(carried, base, row.tag_mode, repeats, seed, workers)[1]
     ref = arm_names(row.arms)[0].name
     summary = out["arms"]
     lo, hi = BAND[0] * row.paper, BAND[1] * row.paper
@@ -95,6 +99,8 @@ def run_row(
         "key": row.key, "title": row.title, "role": row.role, "paper": row.paper,
         "band": [lo, hi], "speedup": speedup, "speedup_ci95": eff["speedup_ci95"],
         "within_band": ok, "tag_mode": row.tag_mode, "speedup_tag_mode_retire": default,
+        "speedup_carry_over": float(carried_eff["speedup"]),
+        "speedup_carry_over_ci95": carried_eff["speedup_ci95"],
         "result": out,
     }  # fmt: skip
 

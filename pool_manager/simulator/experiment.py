@@ -20,6 +20,7 @@ from typing import Any
 from pool_manager.simulator.arms import Arm, build_catalog
 from pool_manager.simulator.engine import Simulation
 from pool_manager.simulator.metrics import RunMetrics, arm_summary, paired, summarize
+from pool_manager.simulator.reconfigure import reconfigure
 from pool_manager.simulator.venue import Venue
 from pool_manager.simulator.workloads import Program, agent, rl_trainer, sessions, stream, zipf_env
 
@@ -112,13 +113,15 @@ def run_once(
 ) -> tuple[RunMetrics, int]:
     """One run. ``before``: the arm and seed of the run that ran on this pool just before
     (``Workload.carry_over``); what it measured is discarded."""
-    sim = Simulation(venue, arm, seed, envs=workload.envs, scale=workload.scale)
     if before is not None:
         prev_arm, prev_seed = before
-        sim.warm_up(workload.programs(prev_seed), prev_arm)
+        sim = Simulation(venue, prev_arm, seed, envs=workload.envs, scale=workload.scale)
+        sim.warm_up(workload.programs(prev_seed))
+        reconfigure(sim, arm)
         for caller, program in workload.programs(seed):
             sim.add(caller, _after(workload.gap_s, program))
     else:
+        sim = Simulation(venue, arm, seed, envs=workload.envs, scale=workload.scale)
         for caller, program in workload.programs(seed):
             sim.add(caller, program)
     result = sim.run()
@@ -248,9 +251,9 @@ def run_arms(
     ``workers`` > 1 runs the independent runs in that many processes (``run_many``); every
     run is a function of its arm, seed and predecessor only, so the results are identical."""
     catalogs = [build_catalog(venue, a, workload.envs) for a in arms] if workload.carry_over else []
-    if any(c != catalogs[0] for c in catalogs):
+    if any(c.pools.keys() != catalogs[0].pools.keys() for c in catalogs):
         names = ", ".join(a.name for a in arms)
-        raise ValueError(f"carry-over needs arms with one pool configuration, not {names}")
+        raise ValueError(f"carry-over needs arms with the same pools, not {names}")
     out = [ArmRuns(a, []) for a in arms]
     sequence: list[tuple[int, int]] = []  # (arm, seed) in run order
     for r in range(repeats):

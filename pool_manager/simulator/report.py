@@ -48,13 +48,21 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 def _acceptance(out: Path, rows: list[dict[str, Any]]) -> str:
     body = _table(
         ["row", "role", "paper", "band", "tag_mode", "simulated", "95% CI", "in band",
-         "with tag_mode retire"],
+         "with tag_mode retire", "carried over (95% CI)"],
         [[r["title"], r["role"], r["paper"], f"{r['band'][0]:.2f}-{r['band'][1]:.2f}",
           r["tag_mode"], r["speedup"], "{:.2f}-{:.2f}".format(*r["speedup_ci95"]),
           "yes" if r["within_band"] else "no",
-          "-" if r["speedup_tag_mode_retire"] is None else r["speedup_tag_mode_retire"]]
+          "-" if r["speedup_tag_mode_retire"] is None else r["speedup_tag_mode_retire"],
+          "{:.3g} ({:.2f}-{:.2f})".format(r["speedup_carry_over"],
+                                          *r["speedup_carry_over_ci95"])]
          for r in rows],
     )  # fmt: skip
+    body += (
+        "\nThe verdict is on runs from an empty pool. *Carried over*: the same campaign with "
+        "every run on the pool the run before it left, as the paper's crossover ran it "
+        "(`--carry-over`; across arms with different settings the broker restarts on the "
+        "next arm's catalog).\n"
+    )
     detail = []
     for r in rows:
         for name, s in r["result"]["arms"].items():

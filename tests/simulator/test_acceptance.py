@@ -29,3 +29,14 @@ def test_every_sensitivity_entry_names_a_row_and_a_setting_the_venue_has() -> No
         assert key in keys and values
         rows = acceptance.sensitivity(key, setting, values[:1], repeats=1)
         assert len(rows) == 2
+
+
+def test_a_row_reports_its_verdict_cold_and_its_speedup_carried_over() -> None:
+    row = next(r for r in acceptance.ROWS if r.key == "h200-rl-fresh")
+    out = acceptance.run_row(row, repeats=2, compare_retire=False)
+    assert out["speedup"] == out["result"]["arms"]["fresh"]["vs_reuse-on"]["speedup"]
+    lo, hi = out["speedup_carry_over_ci95"]
+    assert lo <= out["speedup_carry_over"] <= hi
+    # Carried over, Reuse On after a fresh run waits for its single-use pods to go first,
+    # and the fresh arm after a reuse run waits for the held pods: not the cold figure.
+    assert out["speedup_carry_over"] != out["speedup"]

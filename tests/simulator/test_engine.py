@@ -156,8 +156,8 @@ def test_carry_over_starts_each_run_on_the_pool_the_run_before_it_left() -> None
     assert cold["reuse-on"]["paths"].get("new", 0) >= 2  # an empty pool: a start per agent
     assert warm["reuse-on"]["paths"].get("new", 0) < cold["reuse-on"]["paths"]["new"]
     assert "warm" not in warm["reuse-off"]["paths"]  # fresh tags never repeat across runs
-    with pytest.raises(ValueError, match="one pool configuration"):
-        run_arms(load_venue("h200"), carried, arm_names("reuse-on,fresh"), 1)
+    with pytest.raises(ValueError, match="the same pools"):
+        run_arms(load_venue("h200"), carried, arm_names("shared,per-env"), 1)
 
 
 def test_runs_in_worker_processes_give_the_same_results() -> None:
