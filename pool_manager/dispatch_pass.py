@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pool_manager.model import Action, ClaimRequest, Lease
 from pool_manager.tracker import Tracker
 
+_OUT_OF_PODS = frozenset({"no_idle_pod", "gang_unplaceable"})
+"""Miss reasons that say the pool, not the caller, lacks pods (never a per-caller limit)."""
+
 
 @dataclass(slots=True)
 class PassResult:
@@ -42,12 +45,26 @@ def dispatch_pass(
     plans on its tick or on change only, which keeps snapshots off most passes.
     """
     result = PassResult()
+    leases, waiting = result.leases, result.waiting
+    claim = tracker.claim
+    # SKU -> the fewest pods a claim on it missed for want of pods in this pass. A single-use
+    # job draws only on never-used idle pods and standbys, a subset of what every such miss
+    # found too few of (on distinct GPUs), and claims only take pods away; so a single-use
+    # job asking for at least that many would miss as well (a miss of its changes nothing):
+    # it waits without the claim, one lock round trip fewer, its place in ``waiting`` kept.
+    # A pod another thread readies meanwhile is found by the next pass, as if it came later.
+    short: dict[str, int] = {}
     for req in queued:
-        claim = tracker.claim(req, now)
-        if isinstance(claim, Lease):
-            result.leases.append(claim)
-        else:
-            result.waiting.append(req)
+        if short and req.single_use and req.pods >= short.get(req.sku, req.pods + 1):
+            waiting.append(req)
+            continue
+        got = claim(req, now)
+        if isinstance(got, Lease):
+            leases.append(got)
+            continue
+        waiting.append(req)
+        if got.reason in _OUT_OF_PODS and req.pods < short.get(req.sku, req.pods + 1):
+            short[req.sku] = req.pods
     if reconcile or (replan_waiting and result.waiting):
         result.actions.extend(tracker.reconcile(result.waiting, now))
     else:

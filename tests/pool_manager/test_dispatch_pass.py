@@ -1,0 +1,170 @@
+"""One dispatcher pass (paper §3, A.1 step 1, A.2): jobs in order, the unplaceable ones wait.
+
+A single-use job behind a miss for want of pods on its SKU waits without a claim; the pass
+must still place and order exactly what claiming every job in turn would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pool_manager.catalog import CallerLimits
+from pool_manager.dispatch_pass import dispatch_pass
+from pool_manager.model import ClaimRequest, Lease, PodInfo
+from pool_manager.tracker import Tracker
+from tests.pool_manager.builders import (
+    add_ready,
+    make_request,
+    make_spec,
+    make_tracker,
+    run_job,
+)
+
+
+def _counting(t: Tracker) -> list[str]:
+    """Record the job of every ``claim`` call on ``t``."""
+    calls: list[str] = []
+    real = t.claim
+
+    def claim(req: ClaimRequest, now: float) -> Any:
+        calls.append(req.job_id)
+        return real(req, now)
+
+    t.claim = claim  # type: ignore[method-assign]
+    return calls
+
+
+def test_single_use_jobs_behind_a_miss_on_their_sku_wait_without_a_claim() -> None:
+    t = make_tracker()
+    add_ready(t)
+    jobs = [make_request(f"c{i}", single_use=True) for i in range(4)]
+    calls = _counting(t)
+    result = dispatch_pass(t, jobs, 1.0, reconcile=False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [jobs[0].job_id]
+    assert result.waiting == jobs[1:]
+    assert calls == [jobs[0].job_id, jobs[1].job_id]  # the rest would miss as the second did
+
+
+def test_a_caller_limit_miss_does_not_hold_back_other_callers() -> None:
+    t = make_tracker(caller_limits={"alice": CallerLimits(max_pods=0)})
+    add_ready(t)
+    alice, bob = make_request("alice", single_use=True), make_request("bob", single_use=True)
+    result = dispatch_pass(t, [alice, bob], 1.0, reconcile=False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [bob.job_id]
+    assert result.waiting == [alice]
+
+
+def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> None:
+    t = make_tracker(make_spec("gpu"))
+    add_ready(t, sku="gpu", gpu="G0")
+    add_ready(t, sku="gpu", gpu="G1")
+    big = make_request("a", "gpu", pods=3, single_use=True)
+    small = make_request("b", "gpu", pods=2, single_use=True)
+    later = make_request("c", "gpu", single_use=True)
+    calls = _counting(t)
+    result = dispatch_pass(t, [big, small, later], 1.0, reconcile=False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [small.job_id]
+    assert result.waiting == [big, later]
+    assert calls == [big.job_id, small.job_id, later.job_id]
+
+
+def test_a_reusable_callers_miss_skips_single_use_jobs_on_that_sku_only() -> None:
+    t = make_tracker(make_spec("cpu"), make_spec("gpu"))
+    add_ready(t, sku="gpu", gpu="G0")
+    reusable = make_request("a", "cpu")
+    cpu_once = make_request("b", "cpu", single_use=True)
+    gpu_once = make_request("c", "gpu", single_use=True)
+    calls = _counting(t)
+    result = dispatch_pass(t, [reusable, cpu_once, gpu_once], 1.0, False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [gpu_once.job_id]
+    assert result.waiting == [reusable, cpu_once]
+    assert calls == [reusable.job_id, gpu_once.job_id]
+
+
+# -- the pass against claiming every job in turn ------------------------------------------
+_CALLERS = ("a", "b", "c")
+_SKUS = ("cpu", "gpu", "nope")
+
+
+def _build(pods: list[tuple[str, str, int, str | None]], limited: bool) -> Tracker:
+    """A tracker with ``(sku, card, share, owner)`` pods, made ready at 0.0 in that order
+    (``owner``: one job of theirs ran on it, so it is held for them)."""
+    kw: dict[str, Any] = {"caller_limits": {"a": CallerLimits(max_pods=1)}} if limited else {}
+    t = make_tracker(make_spec("cpu"), make_spec("gpu", standbys_per_active=1), **kw)
+    for i, (sku, card, share, owner) in enumerate(pods):
+        gpu = None if sku == "cpu" else f"G{card}"
+        role = "standby" if gpu is not None and share else "active"
+        pod = PodInfo(f"p{i}", sku, 0.0, role=role, gpu=gpu)
+        t.add_pod(pod, 0.0, reserved=False)
+        t.pod_ready(pod.name, 0.0)
+        if owner is not None and role == "active" and t.get(pod.name) is not None:
+            req = ClaimRequest(f"warm{i}", owner, sku, "s1")
+            got = t.claim(req, 0.0)
+            if isinstance(got, Lease):
+                t.launched(req.job_id, 0.0)
+                t.release(req.job_id, True, 0.0)
+    for card in sorted({card for sku, card, _, _ in pods if sku == "gpu"}):
+        t.mark_gpu_verified(f"G{card}", True, 0.0)
+    return t
+
+
+_pods = st.lists(
+    st.tuples(
+        st.sampled_from(("cpu", "gpu")),
+        st.integers(0, 3),
+        st.integers(0, 1),
+        st.sampled_from((None, *_CALLERS)),
+    ),
+    max_size=8,
+)
+_requests = st.lists(
+    st.tuples(
+        st.sampled_from(_CALLERS),
+        st.sampled_from(_SKUS),
+        st.integers(1, 3),
+        st.booleans(),
+        st.sampled_from(("s1", "s2")),
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_pods, _requests, st.booleans())
+def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
+    pods: list[tuple[str, str, int, str | None]],
+    requests: list[tuple[str, str, int, bool, str]],
+    limited: bool,
+) -> None:
+    queue = [
+        ClaimRequest(f"j{i}", caller, sku, tag, pods=n, single_use=once, queued_at=0.5)
+        for i, (caller, sku, n, once, tag) in enumerate(requests)
+    ]
+    fast, slow = _build(pods, limited), _build(pods, limited)
+    result = dispatch_pass(fast, queue, 1.0, reconcile=False, replan_waiting=False)
+    leases: list[Lease] = []
+    waiting: list[ClaimRequest] = []
+    for req in queue:  # the reference: every job claimed in turn
+        got = slow.claim(req, 1.0)
+        if isinstance(got, Lease):
+            leases.append(got)
+        else:
+            waiting.append(req)
+    assert result.leases == leases
+    assert result.waiting == waiting
+    assert fast.pods() == slow.pods()
+    assert [fast.history(p.name) for p in fast.pods()] == [
+        slow.history(p.name) for p in slow.pods()
+    ]
+
+
+def test_held_pods_serve_their_owner_not_a_single_use_job() -> None:
+    """The builder's held pods are real holds (the property test relies on them)."""
+    t = make_tracker()
+    name = add_ready(t)
+    run_job(t, make_request("alice", tag="s1"), now=0.0)
+    once = make_request("bob", single_use=True)
+    result = dispatch_pass(t, [once], 1.0, reconcile=False, replan_waiting=False)
+    assert result.waiting == [once] and t.get(name) is not None
