@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from pool_manager.budgets import BudgetLedger
 from pool_manager.model import Action, ClaimRequest, CreatePod, DeletePod
-from pool_manager.snapshot import PoolSnapshot, PoolView
+from pool_manager.snapshot import IdleGroup, PoolSnapshot, PoolView
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,21 +89,21 @@ def _arithmetic(
 ) -> tuple[int, ...]:
     """``terms`` as a plain tuple in ``Terms`` field order (``plan`` reads three of them
     without building a ``Terms``); ``expired``: the idle groups past their keep-alive."""
-    spec = view.spec
+    # PoolView's first nine fields, in order (one unpack, not nine attribute lookups)
+    spec, starting, idle, held, busy, stale, single_use, retiring, held_by_owner = view[:9]
     floor, ceiling = spec.min_count, spec.max_count
-    matched = 0
     if owner_queued:
-        for owner, n in view.held_by_owner.items():
+        matched = 0
+        for owner, n in held_by_owner.items():
             matched += min(n, owner_queued.get(owner, 0))
-    idle = view.idle + matched
-    held = view.held - matched
-    busy, starting, stale = view.busy, view.starting, view.stale
+        idle += matched
+        held -= matched
     demand = queued + busy
     eligible = starting + idle + busy
     physical = eligible + held + stale
-    floor_deficit = max(0, floor - (physical - view.single_use))
+    floor_deficit = max(0, floor - (physical - single_use))
     demand_deficit = max(0, demand - eligible)
-    room = ceiling - (physical + view.retiring)
+    room = ceiling - (physical + retiring)
     add = min(max(floor_deficit, demand_deficit), room, spec.step)
     if headroom is not None:
         add = min(add, headroom)
@@ -113,13 +113,27 @@ def _arithmetic(
     remove = 0 if add else max(0, min(idle - retain, expired, physical - floor))
     blocked = max(0, demand_deficit - max(0, ceiling - physical))
     return (
-        queued, demand, starting, idle, held, busy, stale, view.single_use, view.retiring,
-        eligible, physical, floor_deficit, demand_deficit, add, idle_cap, retain, expired,
-        remove, blocked,
+        queued, demand, starting, idle, held, busy, stale, single_use, retiring, eligible,
+        physical, floor_deficit, demand_deficit, add, idle_cap, retain, expired, remove, blocked,
     )  # fmt: skip
 
 
 _NO_OWNERS: Mapping[str, int] = {}
+_NONE_EXPIRED: list[IdleGroup] = []  # never written: sorted only when something expired
+
+
+def _queued_by_owner(demand: Sequence[ClaimRequest]) -> dict[str, dict[str, int]]:
+    """Queued pods per SKU and caller, of the jobs a held pod could serve (reusable ones:
+    a held pod is never clean enough for a single-use job)."""
+    by_owner: dict[str, dict[str, int]] = {}
+    for req in demand:
+        if not req.single_use:
+            owners = by_owner.get(req.sku)
+            if owners is None:
+                by_owner[req.sku] = {req.caller: req.pods}
+            else:
+                owners[req.caller] = owners.get(req.caller, 0) + req.pods
+    return by_owner
 
 
 def next_keepalive_expiry(snapshot: PoolSnapshot, now: float) -> float:
@@ -145,18 +159,10 @@ def plan(
 ) -> list[Action]:
     """Creates and deletes for every pool, in a deterministic order (pools by name)."""
     queued: dict[str, int] = {}
-    by_owner: dict[str, dict[str, int]] = {}
-    waiting: set[str] = set()
     for req in demand:
-        sku = req.sku
-        queued[sku] = queued.get(sku, 0) + req.pods
-        if not req.single_use:  # a held pod is never clean enough for a single-use job
-            owners = by_owner.get(sku)
-            if owners is None:
-                by_owner[sku] = {req.caller: req.pods}
-            else:
-                owners[req.caller] = owners.get(req.caller, 0) + req.pods
-        waiting.add(req.caller)
+        queued[req.sku] = queued.get(req.sku, 0) + req.pods
+    by_owner: dict[str, dict[str, int]] | None = None  # built once a pool has held pods
+    waiting: set[str] | None = None  # built once a pool breaks holds
     actions: list[Action] = []
     pools = snapshot.pools
     for sku in sorted(pools) if len(pools) > 1 else pools:
@@ -167,10 +173,16 @@ def plan(
         if ledger.budget(accelerator) is not None:  # unbounded: no lock to take
             free = ledger.headroom(accelerator)
             headroom = None if free is None else free // max(1, units)
-        timeout = spec.idle_timeout_s
-        expired = [g for g in view.idle_groups if g.since + timeout <= now]
-        t = _arithmetic(view, queued.get(sku, 0), by_owner.get(sku, _NO_OWNERS), len(expired),
-                        headroom)  # fmt: skip
+        expired = _NONE_EXPIRED
+        if view.idle_groups:
+            timeout = spec.idle_timeout_s
+            expired = [g for g in view.idle_groups if g.since + timeout <= now]
+        owners = _NO_OWNERS
+        if view.held_by_owner and sku in queued:
+            if by_owner is None:
+                by_owner = _queued_by_owner(demand)
+            owners = by_owner.get(sku, _NO_OWNERS)
+        t = _arithmetic(view, queued.get(sku, 0), owners, len(expired), headroom)
         for _ in range(t[_ADD]):
             if not ledger.reserve(accelerator, units):
                 break
@@ -185,8 +197,10 @@ def plan(
                 DeletePod(name, "stale_template") for name in view.stale_idle[: spec.step]
             )
         blocked = t[_BLOCKED]
-        if blocked:
+        if blocked and view.held_pods:
             tenure = spec.hold_min_tenure_s
+            if waiting is None:
+                waiting = {req.caller for req in demand}
             breakable = [
                 h for h in view.held_pods if now - h.created >= tenure and h.owner not in waiting
             ]

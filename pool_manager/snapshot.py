@@ -16,9 +16,10 @@ match wins:
 ``physical = starting + idle + held + busy + stale``; ``retiring`` groups still occupy the
 ceiling and their budget units until they are gone.
 
-``IdleGroup``, ``HeldPod`` and ``PoolView`` are ``NamedTuple``s (as immutable as frozen
-dataclasses, which pay ``object.__setattr__`` per field: a 13-field ``PoolView`` cost more
-than classifying a small pool) and are built here with ``tuple.__new__``, in field order.
+``IdleGroup``, ``HeldPod``, ``PoolView`` and ``PoolSnapshot`` are ``NamedTuple``s (as
+immutable as frozen dataclasses, which pay ``object.__setattr__`` per field: a 13-field
+``PoolView`` cost more than classifying a small pool) and are built here with
+``tuple.__new__``, in field order.
 
 Pure. The tracker copies one ``PodRow`` tuple per pod under its lock (one C-level
 ``attrgetter`` call each) and classifies them here, after releasing it: at 100,000 pods the
@@ -28,7 +29,6 @@ lock is held for tens of milliseconds, not for the whole pass.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -108,8 +108,9 @@ class PoolView(NamedTuple):
         return self.starting + self.idle + self.held + self.busy + self.stale
 
 
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
+class PoolSnapshot(NamedTuple):
+    """Every pool's view at ``now`` (in the catalog's order)."""
+
     now: float
     pools: Mapping[str, PoolView]
 
@@ -137,15 +138,19 @@ def build_snapshot(
 
     The rows stay plain tuples (indexed or unpacked in ``PodRow`` field order): building a
     ``PodRow`` per pod would cost more than classifying it. Groups keep the rows' order, so
-    ``IdleGroup.pods`` and ``standby_gaps`` follow the tracker's pod order."""
-    accs = {sku: _Acc() for sku in specs}
+    ``IdleGroup.pods`` and ``standby_gaps`` follow the tracker's pod order. Every pool of
+    ``specs`` gets a view, in ``specs`` order (a pool without pods, all zeros)."""
+    accs: dict[str, _Acc] = {}
     cards: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
     for row in rows:
         if row[_STATE] is _DELETED:
             continue
         sku, gpu = row[_SKU], row[_GPU]
         if gpu is None:  # a GPU-less pod is a group of one
-            _classify_one(accs[sku], specs[sku], None, row)
+            acc = accs.get(sku)
+            if acc is None:
+                acc = accs[sku] = _Acc()
+            _classify_one(acc, specs[sku], None, row)
             continue
         members = cards.get((sku, gpu))
         if members is None:
@@ -153,11 +158,21 @@ def build_snapshot(
         else:
             members.append(row)
     for (sku, gpu), members in cards.items():
+        acc = accs.get(sku)
+        if acc is None:
+            acc = accs[sku] = _Acc()
         if len(members) == 1:
-            _classify_one(accs[sku], specs[sku], gpu, members[0])
+            _classify_one(acc, specs[sku], gpu, members[0])
         else:
-            _classify(accs[sku], specs[sku], gpu, members)
-    return PoolSnapshot(now, {sku: _view(specs[sku], acc) for sku, acc in accs.items()})
+            _classify(acc, specs[sku], gpu, members)
+    pools: dict[str, PoolView] = {}
+    for sku, spec in specs.items():
+        acc = accs.get(sku)
+        if acc is None:  # no pods: every count zero
+            pools[sku] = _new(PoolView, (spec, 0, 0, 0, 0, 0, 0, 0, {}, (), (), (), ()))
+        else:
+            pools[sku] = _view(spec, acc)
+    return _new(PoolSnapshot, (now, pools))
 
 
 def _classify_one(acc: _Acc, spec: PoolSpec, gpu: str | None, row: tuple[Any, ...]) -> None:
