@@ -7,7 +7,10 @@ Claim buckets hold only pods claimable *right now*, so every lookup is O(1):
   (per session, not per pod: cheap, and all a session-boundary lookup needs). A warm claim
   leaves an emptied bucket in place, since the release right after refills it; empty
   buckets are skipped by lookups and swept by ``expire`` (``_sweep_empty_locked``);
-* ``_fresh[sku]``: never-used idle pods; ``_standby[sku]``: promotable standbys.
+* ``_fresh[sku]``: never-used idle pods; ``_standby[sku]``: promotable standbys;
+* ``_next_expiry``: no owner hold of an idle pod (in a bucket or parked) ends before it, so
+  ``expire`` walks the holds only once one may have ended. Every pod that goes idle with a
+  hold passes ``_index_locked`` or ``release``, which lower it; ``expire``'s walk sets it.
 
 Each bucket is a dict used as an insertion-ordered set; the most recently idled pod is taken
 first with ``popitem`` (warmest page cache, O(1) amortised, trims deleted slots).
@@ -87,6 +90,8 @@ class PodIndex:
         self._exclusive: dict[str, bool] = {}
         self._caller_pods: dict[str, int] = {}
         self._caller_gpus: dict[str, int] = {}
+        self._next_expiry = float("-inf")
+        """A lower bound of every owner hold's end (``-inf``: unknown, walk them)."""
 
     def _clear_locked(self) -> None:
         for index in (self._pods, self._exact, self._owned, self._fresh, self._standby):
@@ -97,10 +102,14 @@ class PodIndex:
         self._exclusive.clear()
         self._caller_pods.clear()
         self._caller_gpus.clear()
+        self._next_expiry = float("-inf")
 
     # -- claim buckets ---------------------------------------------------------------------
     def _index_locked(self, pod: PodInfo) -> None:
         """Put an IDLE pod in its claim bucket if it is claimable now (else it is parked)."""
+        until = pod.hold_until
+        if until is not None and until < self._next_expiry:
+            self._next_expiry = until
         gpu = pod.gpu
         if gpu is not None and gpu in self._gates:
             return

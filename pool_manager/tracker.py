@@ -376,7 +376,9 @@ class Tracker(Recovery):
                     why = "no_owner_hold"
                 else:
                     pod.released_at = now
-                    pod.hold_until = now + hold
+                    pod.hold_until = until = now + hold
+                    if until < self._next_expiry:  # indexed or parked below
+                        self._next_expiry = until
                     # transition(pod, _IDLE, "released", ...) inlined for the hot path
                     old = pod.state
                     if _IDLE not in _T[old]:
@@ -414,26 +416,38 @@ class Tracker(Recovery):
     def _expire_locked(self, now: float) -> list[DeletePod]:
         """``expire``, plus the deletes a session switch left in ``_switched``. One walk of
         ``_exact`` both finds expired holds and sweeps the buckets warm claims emptied (what
-        ``_sweep_empty_locked`` does)."""
+        ``_sweep_empty_locked`` does); before the first hold can have ended
+        (``_next_expiry``) it only sweeps."""
         out, self._switched = self._switched, []
         expired: list[PodInfo] = []
-        emptied = []
-        for key, bucket in self._exact.items():
-            if not bucket:
-                emptied.append(key)
-                continue
-            for pod in bucket.values():
-                until = pod.hold_until
-                if until is not None and until <= now:
-                    expired.append(pod)
+        if now < self._next_expiry:
+            emptied = [key for key, bucket in self._exact.items() if not bucket]
+        else:
+            emptied = []
+            soonest = float("inf")  # of the holds that stay
+            for key, bucket in self._exact.items():
+                if not bucket:
+                    emptied.append(key)
+                    continue
+                for pod in bucket.values():
+                    until = pod.hold_until
+                    if until is not None:
+                        if until <= now:
+                            expired.append(pod)
+                        elif until < soonest:
+                            soonest = until
+            if self._gates:  # holds behind a closed gate expire too
+                for pod in self._parked_locked():
+                    until = pod.hold_until
+                    if pod.owner is not None and until is not None:
+                        if until <= now:
+                            expired.append(pod)
+                        elif until < soonest:
+                            soonest = until
+            self._next_expiry = soonest
         for key in emptied:
             del self._exact[key]
             discard(self._owned, key[:2], key[2:])
-        if self._gates:  # holds behind a closed gate expire too
-            for pod in self._parked_locked():
-                until = pod.hold_until
-                if pod.owner is not None and until is not None and until <= now:
-                    expired.append(pod)
         for pod in expired:
             if self._retire_locked(pod, "hold_expired", now):
                 out.append(DeletePod(pod.name, "hold_expired"))
