@@ -44,8 +44,8 @@ def dispatch_pass(
     (no new job, no pod gone; creates in flight already count as supply) passes False and
     plans on its tick or on change only, which keeps snapshots off most passes.
     """
-    result = PassResult()
-    leases, waiting = result.leases, result.waiting
+    leases: list[Lease] = []
+    waiting: list[ClaimRequest] = []
     claim = tracker.claim
     # SKU -> the fewest pods a claim on it missed for want of pods in this pass. A single-use
     # job draws only on never-used idle pods and standbys, a subset of what every such miss
@@ -65,8 +65,9 @@ def dispatch_pass(
         waiting.append(req)
         if got.reason in _OUT_OF_PODS and req.pods < short.get(req.sku, req.pods + 1):
             short[req.sku] = req.pods
-    if reconcile or (replan_waiting and result.waiting):
-        result.actions.extend(tracker.reconcile(result.waiting, now))
+    if reconcile or (replan_waiting and waiting):
+        actions = tracker.reconcile(waiting, now)  # a new list
     else:
-        result.actions.extend(tracker.take_retired())  # a session switch in a claim above
-    return result
+        actions = []
+        actions.extend(tracker.take_retired())  # a session switch in a claim above
+    return PassResult(leases, waiting, actions)
