@@ -28,6 +28,8 @@ from pool_manager.tracker import Tracker
 
 _DISPATCH, _READY, _GONE, _DONE, _RELEASE, _WAKE, _TICK = range(7)
 _heappush = heapq.heappush
+_INF = float("inf")
+_DELAY = (float, int)  # what a program yields to think
 
 
 class Job:
@@ -90,7 +92,10 @@ class Simulation:
         self.heap: list[tuple[float, int, int, object]] = []
         self.next_seq = itertools.count().__next__
         self.now = 0.0
-        self.queue: list[Job] = []
+        self.queue: list[ClaimRequest] = []
+        """The queued jobs' requests, in dispatch order (what ``dispatch_pass`` takes)."""
+        self.queued: dict[str, Job] = {}
+        """The queued jobs by id."""
         self.jobs: list[Job] = []
         self.live_procs = 0
         self.live_jobs = 0
@@ -100,7 +105,7 @@ class Simulation:
         self.next_reconcile = stream(seed, "reconcile").uniform(0.0, venue.reconcile_s)
         self.replan = True
         self.new_demand = False
-        self.dispatch_at = float("inf")
+        self.dispatch_at = _INF
         self.quiet_since = -1.0
         """When the last pass with nothing queued planned nothing, if nothing changed in the
         tracker since (every change resets it to -1); later such passes are skipped until
@@ -138,7 +143,7 @@ class Simulation:
             except StopIteration:
                 self.live_procs -= 1
                 return
-            if isinstance(cmd, float | int):
+            if isinstance(cmd, _DELAY):
                 self._push(self.now + cmd * self.scale, _WAKE, proc)
                 return
             if isinstance(cmd, Batch):
@@ -160,7 +165,8 @@ class Simulation:
             req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
                                single_use=arm.single_use, queued_at=now)  # fmt: skip
             job = Job(req, proc, body * self.scale, now)
-            self.queue.append(job)
+            self.queue.append(req)
+            self.queued[req.job_id] = job
             self.jobs.append(job)
         proc.pending = len(batch.bodies)
         self.live_jobs += len(batch.bodies)
@@ -200,9 +206,7 @@ class Simulation:
                     self.replan = False
                     self.next_reconcile = now + self.venue.reconcile_s
                     return
-        result = dispatch_pass(
-            self.tracker, [j.req for j in queue], now, reconcile, replan_waiting=new_demand
-        )
+        result = dispatch_pass(self.tracker, queue, now, reconcile, replan_waiting=new_demand)
         if reconcile or (new_demand and result.waiting):
             self.replan = False
             self.next_reconcile = now + self.venue.reconcile_s
@@ -210,16 +214,11 @@ class Simulation:
             self.quiet_since, self.quiet_until = now, None
         else:
             self.quiet_since = -1.0
-        if result.leases:
-            placed = {lease.job_id: lease for lease in result.leases}
-            rest: list[Job] = []
-            for job in queue:
-                lease = placed.get(job.id)
-                if lease is None:
-                    rest.append(job)
-                else:
-                    self._start(job, lease)
-            self.queue = rest
+        if result.leases:  # in queue order, as claimed
+            self.queue = result.waiting
+            queued = self.queued
+            for lease in result.leases:
+                self._start(queued.pop(lease.job_id), lease)
         for action in result.actions:
             if isinstance(action, CreatePod):
                 self._create(action)
@@ -323,15 +322,16 @@ class Simulation:
         stop_at = horizon_s
         events = 0
         floor_units = self.floor_units * self.per_unit
+        area, last = self.area, self.now  # ``self.area`` is written back once, after the loop
         while heap:
             t, _, kind, obj = pop(heap)
             if t > stop_at:
                 break
-            self.area += self.units * (t - self.now)
-            self.now = t
+            area += self.units * (t - last)
+            self.now = last = t
             events += 1
             if kind == _DISPATCH:  # the most frequent first
-                self.dispatch_at = float("inf")
+                self.dispatch_at = _INF
                 self._dispatch()
             elif kind == _DONE:
                 job: Job = obj  # type: ignore[assignment]
@@ -369,6 +369,7 @@ class Simulation:
                 stop_at = min(stop_at, t + self._drain_s())
             if self.units <= floor_units and not self.deleting:
                 break
+        self.area = area
         if end < 0 and self.live_jobs:
             raise RuntimeError(
                 f"{self.live_jobs} jobs still unfinished at t={self.now:.0f} s "
