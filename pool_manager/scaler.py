@@ -169,10 +169,6 @@ def plan(
         view = pools[sku]
         spec = view.spec
         accelerator, units = spec.accelerator, spec.units_per_pod
-        headroom = None
-        if ledger.budget(accelerator) is not None:  # unbounded: no lock to take
-            free = ledger.headroom(accelerator)
-            headroom = None if free is None else free // max(1, units)
         expired = _NONE_EXPIRED
         if view.idle_groups:
             timeout = spec.idle_timeout_s
@@ -182,7 +178,14 @@ def plan(
             if by_owner is None:
                 by_owner = _queued_by_owner(demand)
             owners = by_owner.get(sku, _NO_OWNERS)
-        t = _arithmetic(view, queued.get(sku, 0), owners, len(expired), headroom)
+        n = queued.get(sku, 0)
+        t = _arithmetic(view, n, owners, len(expired), None)
+        # The headroom (>= 0) only caps ``add``: with no pod to add it changes no term, so
+        # the ledger is asked (and, when it has a budget, locked) only when a pool would grow.
+        if t[_ADD] and ledger.budget(accelerator) is not None:
+            free = ledger.headroom(accelerator)
+            if free is not None:
+                t = _arithmetic(view, n, owners, len(expired), free // max(1, units))
         for _ in range(t[_ADD]):
             if not ledger.reserve(accelerator, units):
                 break
