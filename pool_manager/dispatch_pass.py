@@ -9,22 +9,24 @@ The broker's dispatcher and the simulator both call exactly this; neither has it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pool_manager.model import Action, ClaimRequest, Lease
 from pool_manager.tracker import Tracker
 
+_new = tuple.__new__  # NamedTuple construction without the Python shim (fields in order)
 _OUT_OF_PODS = frozenset({"no_idle_pod", "gang_unplaceable"})
 """Miss reasons that say the pool, not the caller, lacks pods (never a per-caller limit)."""
 
 
-@dataclass(slots=True)
-class PassResult:
-    leases: list[Lease] = field(default_factory=list)
+class PassResult(NamedTuple):
+    """What one pass decided (a ``NamedTuple``, like ``Lease``: one is built every pass)."""
+
+    leases: list[Lease]
     """Jobs placed this pass, in the order they were claimed."""
-    waiting: list[ClaimRequest] = field(default_factory=list)
+    waiting: list[ClaimRequest]
     """Jobs left queued (the demand handed to the scaler), order kept."""
-    actions: list[Action] = field(default_factory=list)
+    actions: list[Action]
     """Creates and deletes for the shell to carry out: budget already reserved for each
     create, every delete already marked RETIRING in the tracker."""
 
@@ -70,4 +72,4 @@ def dispatch_pass(
     else:
         actions = []
         actions.extend(tracker.take_retired())  # a session switch in a claim above
-    return PassResult(leases, waiting, actions)
+    return _new(PassResult, (leases, waiting, actions))
