@@ -152,9 +152,10 @@ def build_snapshot(
                 acc = accs[sku] = _Acc()
             _classify_one(acc, specs[sku], None, row)
             continue
-        members = cards.get((sku, gpu))
+        key = (sku, gpu)
+        members = cards.get(key)
         if members is None:
-            cards[(sku, gpu)] = [row]
+            cards[key] = [row]
         else:
             members.append(row)
     for (sku, gpu), members in cards.items():

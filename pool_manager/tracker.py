@@ -421,7 +421,8 @@ class Tracker(Recovery):
         out, self._switched = self._switched, []
         expired: list[PodInfo] = []
         if now < self._next_expiry:
-            emptied = [key for key, bucket in self._exact.items() if not bucket]
+            exact = self._exact
+            emptied = [key for key, bucket in exact.items() if not bucket] if exact else []
         else:
             emptied = []
             soonest = float("inf")  # of the holds that stay
