@@ -292,21 +292,51 @@ class Simulation:
         self._wake()
 
     # -- the loop ------------------------------------------------------------------------
-    def warm_up(self, programs: list[tuple[str, Program]], arm: Arm | None = None) -> None:
-        """Run ``programs`` (the previous run, acquiring as ``arm``; default this run's) until
-        every job is done, then forget what they measured: the next programs start on the
-        pool they left (warm pods, holds). Fresh tags never repeat across the two."""
-        own = self.arm
-        self.arm = arm or own
+    def warm_up(self, programs: list[tuple[str, Program]]) -> None:
+        """Run ``programs`` (the previous run) until every job is done, then forget what
+        they measured: the next programs start on the pool they left (warm pods, holds).
+        Fresh tags never repeat across the two. ``reconfigure`` first if the next run's arm
+        has other pool settings."""
         for caller, program in programs:
             self.add(caller, program)
         self.run(until_idle=True)
-        self.arm = own
         self.epoch += 1
         self.jobs = []
         self.area = 0.0
         self.peak_busy = self.busy
         self.created = 0
+
+    def reconfigure(self, arm: Arm) -> None:
+        """Make ``arm`` the run's arm. If its pool settings differ (the paper's fresh-pod arm
+        runs without standbys), the operator restarts the broker on the new catalog: the
+        tracker is rebuilt from the pods that exist (``Tracker.restore``, paper A.1), so
+        pods starting, held, idle or terminating carry over, and the GPU sweep re-verifies
+        every card. Pods the new settings would not stage (standbys) stay until the
+        scaler's own rules remove them. Raises ``ValueError`` if a pod's pool is missing
+        from the new catalog (a per-environment arm after a shared one)."""
+        catalog = build_catalog(self.venue, arm, len(self.skus))
+        self.arm = arm
+        if catalog == self.catalog:
+            return
+        pods = self.tracker.pods()
+        missing = sorted({p.sku for p in pods} - catalog.pools.keys())
+        if missing:
+            raise ValueError(f"arm {arm.name!r} has no pool {', '.join(missing)} for its pods")
+        # Jobs done but not yet released (their reset) still hold their pods: leases again.
+        leased = {
+            job.id: job.req
+            for _, _, kind, job in self.heap
+            if kind == _RELEASE and isinstance(job, Job)
+        }
+        ledger = BudgetLedger(catalog.budgets)
+        tracker = Tracker(catalog, ledger, lock=nullcontext())
+        tracker.restore(pods, self.now, leased)
+        for card in self.pod_card.values():  # the sweep: a dedicated node has only our shares
+            tracker.mark_gpu_verified(card, True, self.now)
+        self.catalog, self.ledger, self.tracker = catalog, ledger, tracker
+        self.units = ledger.used(self.acc)
+        self.floor_units = sum(s.min_count for s in catalog.pools.values())
+        self.quiet_since, self.replan = -1.0, True
 
     def run(self, horizon_s: float = 1e6, until_idle: bool = False) -> RunResult:
         """Handle events until the last job is done and the pool has drained (or its keep-

@@ -20,7 +20,6 @@ from typing import Any
 from pool_manager.simulator.arms import Arm, build_catalog
 from pool_manager.simulator.engine import Simulation
 from pool_manager.simulator.metrics import RunMetrics, arm_summary, paired, summarize
-from pool_manager.simulator.reconfigure import reconfigure
 from pool_manager.simulator.venue import Venue
 from pool_manager.simulator.workloads import Program, agent, rl_trainer, sessions, stream, zipf_env
 
@@ -117,7 +116,7 @@ def run_once(
         prev_arm, prev_seed = before
         sim = Simulation(venue, prev_arm, seed, envs=workload.envs, scale=workload.scale)
         sim.warm_up(workload.programs(prev_seed))
-        reconfigure(sim, arm)
+        sim.reconfigure(arm)
         for caller, program in workload.programs(seed):
             sim.add(caller, _after(workload.gap_s, program))
     else:

@@ -8,7 +8,6 @@ from pool_manager.model import PodState
 from pool_manager.simulator.arms import arm_names, parse_arm
 from pool_manager.simulator.engine import Simulation
 from pool_manager.simulator.experiment import Workload, run_arms
-from pool_manager.simulator.reconfigure import reconfigure
 from pool_manager.simulator.venue import load_venue
 
 
@@ -27,7 +26,7 @@ def test_the_next_arm_starts_on_every_pod_the_last_one_left_under_its_own_settin
     assert any(state is PodState.IDLE and owner for _, state, _, _, owner, _, _ in before)
     assert any(role == "standby" for _, _, role, _, _, _, _ in before)
 
-    reconfigure(sim, parse_arm("fresh"))
+    sim.reconfigure(parse_arm("fresh"))
 
     assert sim.arm.name == "fresh"
     assert sim.catalog.pools[venue.sku].standbys_per_active == 0
@@ -58,4 +57,4 @@ def test_a_pool_missing_from_the_next_arms_catalog_is_an_error() -> None:
     sim = Simulation(load_venue("prod-cpu"), parse_arm("shared"), seed=1)
     sim.warm_up(Workload("w-agent", agents=1).programs(1))
     with pytest.raises(ValueError, match="has no pool"):
-        reconfigure(sim, parse_arm("per-env"))
+        sim.reconfigure(parse_arm("per-env"))
