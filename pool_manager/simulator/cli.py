@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         "--carry-over",
         action="store_true",
         help="start each run on the pool the previous run (any arm) left, as the paper's "
-        "crossover campaigns did; arms must share one pool configuration",
+        "crossover campaigns did (between arms with other pool settings the broker restarts "
+        "on the next arm's catalog); arms must have the same pools",
     )
     p.add_argument(
         "--workers",

@@ -47,7 +47,8 @@ class Workload:
     """Run the campaign as the paper did (App. B.4): every run starts on the pool the run
     before it left (whichever arm that was, in the crossover order), after a pause of
     ``gap_s``; the campaign's first run starts on what its repeat's last arm leaves. Needs
-    arms with one pool configuration. ``False``: every run starts on an empty pool."""
+    arms with the same pools; their settings may differ (``Simulation.reconfigure``).
+    ``False``: every run starts on an empty pool."""
     gap_s: float = 10.0
     scale: float = 1.0
     """Multiply every body and pause (``benchmarks.loops --scale`` does the same)."""
