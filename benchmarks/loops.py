@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from functions.sdk import Client
 from gateway.auth import Role
@@ -145,13 +146,21 @@ def main(argv: list[str]) -> int:
                 fp.deploy(FN_DIR, name="sleep", sku="cpu", entrypoint="sleeper:run")
                 fp.deploy(FN_DIR, name="sleep-fresh", sku="cpu", entrypoint="sleeper:run",
                           single_use=True)  # fmt: skip
-            for r in range(args.repeats):
-                order = arms[r % len(arms) :] + arms[: r % len(arms)]
-                for arm in order:
-                    # Without the pause, the previous arm's callers still hold their pods: on a
-                    # full ceiling the next arm waits for hold breaking (60 s minimum tenure).
-                    time.sleep(args.settle)
-                    runs[arm].append(run_arm(server, workload, arm, args.seed + r, r, args.scale))
+            with tqdm(total=args.repeats * len(arms), desc=args.workload, unit="run",
+                      file=sys.stderr) as bar:  # fmt: skip
+                for r in range(args.repeats):
+                    order = arms[r % len(arms) :] + arms[: r % len(arms)]
+                    for arm in order:
+                        # Without the pause, the previous arm's callers still hold their pods: on a
+                        # full ceiling the next arm waits for hold breaking (60 s minimum tenure).
+                        bar.set_postfix_str(f"repeat {r + 1} {arm}: settling")
+                        time.sleep(args.settle)
+                        bar.set_postfix_str(f"repeat {r + 1} {arm}")
+                        run = run_arm(server, workload, arm, args.seed + r, r, args.scale)
+                        runs[arm].append(run)
+                        bar.update()
+                        bar.write(f"repeat {r + 1} {arm}: makespan {run['makespan_s']:.2f} s, "
+                                  f"{run['failed']} failed", file=sys.stderr)  # fmt: skip
         finally:
             server.stop()
             kill_pods(home)

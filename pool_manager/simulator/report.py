@@ -8,9 +8,14 @@ except the paper's own values, shown beside ours for comparison.
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from pool_manager.simulator import acceptance, studies
 from pool_manager.simulator.cli import _clean
@@ -219,26 +224,51 @@ def _fig5(out: Path, rows: list[dict[str, Any]], by_caller: list[dict[str, Any]]
     )
 
 
-def write_report(directory: str, quick: bool = False, seed: int = 1, workers: int = 1) -> int:
+class _Bar(tqdm):
+    """No monitor thread: ``run_many`` forks its workers only while this process has one
+    thread (a fork copies no other thread), so a live monitor would make the report serial."""
+
+    monitor_interval = 0
+
+
+def write_report(
+    directory: str, quick: bool = False, seed: int = 1, workers: int = 1, progress: bool = True
+) -> int:
+    """Run every study into ``directory``; ``progress`` draws a bar on stderr, one step per
+    acceptance row, sensitivity study and figure (about a minute in all on 2 cores)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     repeats = 3 if quick else 10
     seeds = 1 if quick else 3
-    acc = [acceptance.run_row(row, repeats, seed, workers=workers) for row in acceptance.ROWS]
-    sens = [
-        r
-        for key, setting, values in acceptance.SENSITIVITY
-        for r in acceptance.sensitivity(key, setting, values, repeats, seed, workers)
-    ]
-    c1 = studies.frontier(seeds=seeds, workers=workers)
     grid_arms = [f"f{f}-c{c}-ka{k}" for f in (0, 1, 4) for c in (0, 2) for k in (60, 300)]
-    grid = studies.frontier(arms=grid_arms, patterns=("bursty",), seeds=1, workers=workers)
-    fig7 = studies.speedup_sweep(replicates=1 if quick else 3, workers=workers)
-    fig5 = studies.fragmentation(
-        seeds=seeds, envs=(1, 4, 16, 64) if not quick else (1, 64), workers=workers
-    )
-    fig5_callers = studies.fragmentation(seeds=seeds, envs=(1, 64), callers=8, workers=workers)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        *((row.key, partial(acceptance.run_row, row, repeats, seed, workers=workers))
+          for row in acceptance.ROWS),
+        *((f"{key} x {setting}",
+           partial(acceptance.sensitivity, key, setting, values, repeats, seed, workers))
+          for key, setting, values in acceptance.SENSITIVITY),
+        ("C.1 frontier", partial(studies.frontier, seeds=seeds, workers=workers)),
+        ("C.1 grid", partial(studies.frontier, arms=grid_arms, patterns=("bursty",), seeds=1,
+                             workers=workers)),
+        ("Figure 7", partial(studies.speedup_sweep, replicates=1 if quick else 3,
+                             workers=workers)),
+        ("Figure 5", partial(studies.fragmentation, seeds=seeds,
+                             envs=(1, 4, 16, 64) if not quick else (1, 64), workers=workers)),
+        ("Figure 5, 8 callers", partial(studies.fragmentation, seeds=seeds, envs=(1, 64),
+                                        callers=8, workers=workers)),
+    ]  # fmt: skip
+    done: list[Any] = []
+    with _Bar(total=len(steps), desc="report", unit="step", file=sys.stderr,
+              disable=not progress) as bar:  # fmt: skip
+        for name, step in steps:
+            bar.set_postfix_str(name)
+            done.append(step())
+            bar.update()
+    rows = len(acceptance.ROWS)
+    acc: list[dict[str, Any]] = done[:rows]
+    sens = [r for study in done[rows : rows + len(acceptance.SENSITIVITY)] for r in study]
+    c1, grid, fig7, fig5, fig5_callers = done[rows + len(acceptance.SENSITIVITY) :]
     jobs = sum(int(r["result"]["simulated_jobs"]) for r in acc)
     acc_wall = sum(float(r["result"]["wall_s"]) for r in acc)
     wall = time.perf_counter() - t0
