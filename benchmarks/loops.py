@@ -132,9 +132,15 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ("reuse-on", "reuse-off", "fresh")]
-    if bad:
-        print(f"unknown arm {bad[0]!r}", file=sys.stderr)
-        return 2
+    if bad or not arms:
+        p.error(f"unknown arm {bad[0]!r}" if bad else "--arms names no arm")
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--agents", args.agents, 1),
+                               ("--cap", args.cap, 1), ("--settle", args.settle, 0),
+                               ("--hold", args.hold, 0)):  # fmt: skip
+        if not value >= least:
+            p.error(f"{flag} must be at least {least}, not {value:g}")
+    if not args.scale > 0:
+        p.error(f"--scale must be positive, not {args.scale:g}")
     workload = Workload(args.workload, agents=args.agents)
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     t_start = time.perf_counter()

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from functions.errors import FirepoolError
 from pool_manager.catalog import TAG_MODES
 from pool_manager.simulator.arms import arm_names
 from pool_manager.simulator.experiment import (
@@ -123,24 +124,27 @@ def main(argv: list[str]) -> int:
             venue = venue.with_pool(tag_mode=args.tag_mode)
         venue = with_settings(venue, args.set)
         arms = arm_names(args.arms)
-    except ValueError as exc:
+    except (ValueError, FirepoolError) as exc:  # a bad flag or venue value
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not arms or args.repeats < 1 or args.workers < 1:
         print("error: need at least one arm, one repeat and one worker", file=sys.stderr)
         return 2
-    workload = Workload(
-        args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
-        pattern=args.pattern, rate=args.rate, duration_s=args.duration, envs=args.envs,
-        jobs=args.jobs, scale=args.scale, carry_over=args.carry_over,
-    )  # fmt: skip
     try:
+        workload = Workload(
+            args.workload, agents=args.agents, body_s=args.body, think_s=args.think,
+            pattern=args.pattern, rate=args.rate, duration_s=args.duration, envs=args.envs,
+            jobs=args.jobs, scale=args.scale, carry_over=args.carry_over,
+        )  # fmt: skip
         results, jobs, wall = run_arms(
             venue, workload, arms, args.repeats, args.seed, workers=args.workers
         )
-    except ValueError as exc:
+    except (ValueError, FirepoolError) as exc:  # a bad flag or venue value
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a run that cannot finish (e.g. a pool with no ceiling)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     out = _clean(report(venue, workload, results, jobs, wall))
     out["workers"] = args.workers
     if args.json:

@@ -245,7 +245,9 @@ class Simulation:
         if card is None and spec.is_gpu:
             # The GPU scheduler binds a card in the scheduling phase, before the pod is ready,
             # so standbys can be staged on it while it starts (Figure 3b).
-            card = next(c for c, n in self.card_pods.items() if n == 0)
+            card = next((c for c, n in self.card_pods.items() if n == 0), None)
+            if card is None:  # the budget holds one group per card: a broken invariant
+                raise RuntimeError(f"t={self.now:.1f} s: no free card for {name} on the node")
         pod = PodInfo(name=name, sku=action.sku, created=self.now, role=action.role,
                       gpu=card, template=spec.template)  # fmt: skip
         if not self.tracker.add_pod(pod, self.now):

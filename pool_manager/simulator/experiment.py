@@ -9,6 +9,7 @@ each run on the pool the previous run left, the carry-over the paper's crossover
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import pickle
 import threading
@@ -52,6 +53,26 @@ class Workload:
     gap_s: float = 10.0
     scale: float = 1.0
     """Multiply every body and pause (``benchmarks.loops --scale`` does the same)."""
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` naming the first field out of range (the CLI exits 2 on it):
+        a negative body or pause, or no agents, would otherwise simulate quietly."""
+        if self.name not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.name!r}; known: {', '.join(WORKLOADS)}")
+        at_least_one = {"agents": self.agents, "envs": self.envs, "jobs": self.jobs,
+                        "callers": self.callers}  # fmt: skip
+        for field, count in at_least_one.items():
+            if count < 1:
+                raise ValueError(f"{field} must be at least 1, not {count}")
+        positive = {"rate": self.rate, "duration_s": self.duration_s, "scale": self.scale}
+        non_negative = {"body_s": self.body_s, "think_s": self.think_s, "gap_s": self.gap_s}
+        for field, value in {**positive, **non_negative}.items():
+            if value is None:
+                continue
+            low_ok = value > 0 if field in positive else value >= 0
+            if not (low_ok and math.isfinite(value)):
+                kind = "positive" if field in positive else "zero or more"
+                raise ValueError(f"{field} must be finite and {kind}, not {value:g}")
 
     def programs(self, seed: int) -> list[tuple[str, Program]]:
         body = None if self.body_s is None else (self.body_s, self.body_s)
@@ -146,7 +167,7 @@ def run_many(tasks: Sequence[Task], workers: int = 1) -> list[tuple[RunMetrics, 
         # Forking a multi-threaded process can deadlock a child on a lock some other thread
         # held (Python 3.12+ warns), and the shared counter needs Linux's memfd; the results
         # are the same in one process.
-        return list(map(_run_task, tasks))
+        return [_run_task(task) for task in tasks]  # not ``map``: a StopIteration would end it
     return _run_forked(tasks, workers)
 
 

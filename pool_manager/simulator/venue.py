@@ -94,6 +94,22 @@ class Venue:
     notes: Mapping[str, str] = field(default_factory=dict)
     """Where each constant came from (calibrated on which figure, measured, or assumed)."""
 
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for a venue the loop cannot run: a zero tick or reconcile
+        interval (virtual time would stand still), no budget, or a GPU pool whose budget the
+        node's cards cannot hold (one active pod per card)."""
+        for key in ("tick_s", "reconcile_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"venue {self.name}: {key} must be positive, not {value:g}")
+        if self.budget < 1:
+            raise ValueError(f"venue {self.name}: budget must be at least 1, not {self.budget}")
+        if self.pool.is_gpu and self.gpus_per_node < self.budget:
+            raise ValueError(
+                f"venue {self.name}: gpus_per_node ({self.gpus_per_node}) must hold the "
+                f"budget's {self.budget} GPUs"
+            )
+
     @property
     def sku(self) -> str:
         return self.pool.sku
@@ -239,4 +255,5 @@ def _pool_value(venue: Venue, key: str, text: str) -> object:
         return text
     if name == "caller_hold_s":
         return None if text == "none" else _number(key, text, float)
-    return _number(key, text, int if isinstance(current, int) else float)
+    seconds = name.endswith("_s")  # a YAML ``900`` keep-alive is still a duration
+    return _number(key, text, int if isinstance(current, int) and not seconds else float)

@@ -44,9 +44,10 @@ def test_runs_are_spread_over_the_parent_and_its_children(
 
 
 def test_an_error_in_any_worker_reaches_the_caller() -> None:
-    tasks = _tasks(4) + _tasks(1, Workload("no-such-workload")) + _tasks(4)
+    bad = Workload("sessions", pattern="no-such-pattern")  # raises only once it runs
+    tasks = _tasks(4) + _tasks(1, bad) + _tasks(4)
     for workers in (1, 2, 3):
-        with pytest.raises(ValueError, match="unknown workload"):
+        with pytest.raises(ValueError, match="unknown arrival pattern"):
             run_many(tasks, workers)
 
 
