@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from functions.errors import FirepoolError
 from functions.sdk import ApiError, Client
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.settings import Settings
@@ -222,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except ApiError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except FirepoolError as exc:  # a bad local input, e.g. the catalog ``serve`` loads
         sys.stderr.write(f"error: {exc}\n")
         return 2
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
-from functions.errors import InvalidRequest, UnknownField
+from functions.errors import FirepoolError, InvalidRequest, UnknownField
 
 TagMode = Literal["retire", "switch", "hint"]
 TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
@@ -78,6 +78,51 @@ class PoolSpec:
     """Per-job process limit, enforced where a writable cgroup v2 exists."""
     template: str = "v1"
     """Pod template version; pods of another template are stale and retire when idle."""
+
+    def __post_init__(self) -> None:
+        """Raises ``InvalidRequest`` naming the first knob of the wrong type or out of range:
+        a pool that can never scale (``step: 0``), a floor above its ceiling or a negative
+        keep-alive would otherwise run quietly wrong."""
+        if not isinstance(self.sku, str) or not self.sku:
+            raise InvalidRequest("a pool needs a non-empty sku name", field="sku")
+        least = {"units_per_pod": 1, "min_count": 0, "max_idle_count": 0, "max_count": 0,
+                 "step": 1, "standbys_per_active": 0}  # fmt: skip
+        for name, low in least.items():
+            _check_int(self.sku, name, getattr(self, name), low)
+        for name in ("memory_limit_mb", "pids_limit"):
+            if getattr(self, name) is not None:
+                _check_int(self.sku, name, getattr(self, name), 1)
+        for name in ("idle_timeout_s", "caller_hold_s", "hold_min_tenure_s"):
+            value = getattr(self, name)
+            if name == "caller_hold_s" and value is None:
+                continue
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not value >= 0:  # NaN fails ``>=``; inf means never
+                raise InvalidRequest(
+                    f"pool {self.sku!r}: {name} must be a number of seconds >= 0, not {value!r}",
+                    field=name,
+                )
+        if self.min_count > self.max_count:
+            raise InvalidRequest(
+                f"pool {self.sku!r}: the floor min_count ({self.min_count}) is above the "
+                f"ceiling max_count ({self.max_count})",
+                field="min_count",
+            )
+        if self.standbys_per_active and not self.is_gpu:
+            raise InvalidRequest(
+                f"pool {self.sku!r}: standbys_per_active needs a GPU accelerator, not cpu",
+                field="standbys_per_active",
+            )
+        if self.tag_mode not in TAG_MODES:
+            raise InvalidRequest(
+                f"pool {self.sku!r}: tag_mode must be one of {', '.join(TAG_MODES)}, "
+                f"not {self.tag_mode!r}",
+                field="tag_mode",
+            )
+        for name in ("zygote", "network"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequest(f"pool {self.sku!r}: {name} must be true or false",
+                                     field=name)  # fmt: skip
 
     @property
     def hold_s(self) -> float:
@@ -138,45 +183,82 @@ class Catalog:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Catalog:
+        """Raises ``UnknownField`` for a key it does not know and ``InvalidRequest`` for a
+        value of the wrong shape or out of range, each naming the field."""
+        data = _mapping(data, "the catalog")
         unknown = set(data) - {"pools", "budgets", "limits", "caller_limits", "gpus"}
         if unknown:
             name = sorted(unknown)[0]
             raise UnknownField(f"unknown catalog key {name!r}", field=name)
         known = {f.name for f in dataclasses.fields(PoolSpec)}
         pools: dict[str, PoolSpec] = {}
-        for sku, raw in (data.get("pools") or {}).items():
-            raw = dict(raw or {})
+        for sku, raw in _mapping(data.get("pools"), "pools").items():
+            raw = dict(_mapping(raw, f"pool {sku!r}"))
             bad = set(raw) - known
             if bad:
                 name = sorted(bad)[0]
                 raise UnknownField(f"unknown key {name!r} in pool {sku!r}", field=name)
             raw["sku"] = sku
-            if raw.get("tag_mode", "retire") not in TAG_MODES:
-                raise InvalidRequest(
-                    f"pool {sku!r}: tag_mode must be one of {', '.join(TAG_MODES)}, "
-                    f"not {raw['tag_mode']!r}",
-                    field="tag_mode",
-                )
             if "preload" in raw:
+                if not isinstance(raw["preload"], list | tuple):
+                    raise InvalidRequest(f"pool {sku!r}: preload is a list of module names",
+                                         field="preload")  # fmt: skip
                 raw["preload"] = tuple(raw["preload"])
             pools[sku] = PoolSpec(**raw)
         if not pools:
             raise InvalidRequest("a catalog needs at least one pool", field="pools")
-        budgets = {str(k): int(v) for k, v in (data.get("budgets") or {}).items()}
-        limits = _limits(data.get("limits") or {}, "limits")
+        budgets = {
+            str(k): _count(v, f"budgets.{k}")
+            for k, v in _mapping(data.get("budgets"), "budgets").items()
+        }
+        limits = _limits(_mapping(data.get("limits"), "limits"), "limits")
         callers = {
-            str(c): _limits(raw or {}, f"caller_limits.{c}")
-            for c, raw in (data.get("caller_limits") or {}).items()
+            str(c): _limits(_mapping(raw, f"caller_limits.{c}"), f"caller_limits.{c}")
+            for c, raw in _mapping(data.get("caller_limits"), "caller_limits").items()
         }
-        gpus = {
-            str(acc): tuple(str(u) for u in uuids or ())
-            for acc, uuids in (data.get("gpus") or {}).items()
-        }
+        gpus: dict[str, tuple[str, ...]] = {}
+        for acc, uuids in _mapping(data.get("gpus"), "gpus").items():
+            if not isinstance(uuids, list | tuple | None):
+                raise InvalidRequest(f"gpus.{acc} is a list of GPU UUIDs", field=f"gpus.{acc}")
+            gpus[str(acc)] = tuple(str(u) for u in uuids or ())
         return cls(pools=pools, budgets=budgets, limits=limits, caller_limits=callers, gpus=gpus)
 
     @classmethod
     def load(cls, path: Path) -> Catalog:
-        return cls.from_mapping(yaml.safe_load(path.read_text()) or {})
+        """The catalog in the YAML file ``path``; every error (``InvalidRequest``,
+        ``UnknownField``) names the file, and the field where there is one."""
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise InvalidRequest(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise InvalidRequest(f"{path}: a catalog is a mapping, not {type(data).__name__}")
+        try:
+            return cls.from_mapping(data)
+        except FirepoolError as exc:
+            raise type(exc)(f"{path}: {exc.message}", field=exc.field) from None
+
+
+def _check_int(sku: str, name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidRequest(
+            f"pool {sku!r}: {name} must be a whole number >= {low}, not {value!r}", field=name
+        )
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    """``value`` if it is a mapping (an absent or empty section is an empty one)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"{where} is a mapping, not {type(value).__name__}", field=where)
+    return value
+
+
+def _count(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequest(f"{where} must be a whole number >= 0, not {value!r}", field=where)
+    return value
 
 
 def _limits(raw: Mapping[str, Any], where: str) -> CallerLimits:
@@ -186,5 +268,6 @@ def _limits(raw: Mapping[str, Any], where: str) -> CallerLimits:
         raise UnknownField(f"unknown key {name!r} in {where}", field=name)
     pods, gpus = raw.get("max_pods"), raw.get("max_gpus")
     return CallerLimits(
-        max_pods=None if pods is None else int(pods), max_gpus=None if gpus is None else int(gpus)
+        max_pods=None if pods is None else _count(pods, f"{where}.max_pods"),
+        max_gpus=None if gpus is None else _count(gpus, f"{where}.max_gpus"),
     )

@@ -143,3 +143,15 @@ def test_firepool_simulate_takes_its_own_options() -> None:
     result = json.loads(proc.stdout)
     assert set(result["arms"]) == {"reuse-on", "fresh"}
     assert result["arms"]["reuse-on"]["makespan_median_s"] > 0
+
+
+def test_serve_with_a_bad_catalog_exits_2_naming_the_file_and_the_field(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("pools:\n  cpu: {max_count: 4, min_count: 6}\n")
+    env = dict(os.environ, FIREPOOL_HOME=str(tmp_path / "home"), FIREPOOL_CATALOG=str(catalog))
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {catalog}: pool 'cpu': the floor min_count (6) is above the ceiling max_count (4)"
+    )

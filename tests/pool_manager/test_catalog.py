@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from functions.errors import InvalidRequest, UnknownField
@@ -42,3 +44,68 @@ def test_an_unknown_tag_mode_is_rejected_with_the_choices() -> None:
     with pytest.raises(InvalidRequest, match="retire, switch, hint"):
         Catalog.from_mapping({"pools": {"cpu": {"tag_mode": "strict"}}})
     assert Catalog.from_mapping({"pools": {"cpu": {"tag_mode": "switch"}}}).pools["cpu"].tag_mode
+
+
+@pytest.mark.parametrize(
+    ("pool", "field"),
+    [
+        ({"step": 0}, "step"),
+        ({"units_per_pod": 0}, "units_per_pod"),
+        ({"max_count": -1}, "max_count"),
+        ({"min_count": 9, "max_count": 8}, "min_count"),
+        ({"max_idle_count": "2"}, "max_idle_count"),
+        ({"min_count": True}, "min_count"),
+        ({"idle_timeout_s": -5}, "idle_timeout_s"),
+        ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
+        ({"caller_hold_s": "1m"}, "caller_hold_s"),
+        ({"hold_min_tenure_s": -1}, "hold_min_tenure_s"),
+        ({"standbys_per_active": 3}, "standbys_per_active"),  # a CPU pool has no GPU
+        ({"pids_limit": 0}, "pids_limit"),
+        ({"zygote": "yes"}, "zygote"),
+        ({"preload": "numpy"}, "preload"),
+    ],
+)
+def test_a_knob_out_of_range_or_of_the_wrong_type_is_named(
+    pool: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        Catalog.from_mapping({"pools": {"cpu": pool}})
+    assert exc.value.field == field and field in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"pools": ["cpu"]}, "pools"),
+        ({"pools": {"cpu": 5}}, "pool 'cpu'"),
+        ({"pools": {"cpu": {}}, "budgets": {"cpu": "many"}}, "budgets.cpu"),
+        ({"pools": {"cpu": {}}, "limits": {"max_pods": "x"}}, "limits.max_pods"),
+        ({"pools": {"cpu": {}}, "gpus": {"h200": 5}}, "gpus.h200"),
+    ],
+)
+def test_a_section_of_the_wrong_shape_is_named(data: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        Catalog.from_mapping(data)
+    assert exc.value.field == field
+
+
+def test_the_edges_of_every_range_are_accepted() -> None:
+    spec = Catalog.from_mapping(
+        {"pools": {"g": {"accelerator": "h200", "min_count": 0, "max_count": 0, "step": 1,
+                         "idle_timeout_s": float("inf"), "caller_hold_s": 0,
+                         "standbys_per_active": 3}}}
+    ).pools["g"]  # fmt: skip
+    assert spec.max_count == 0 and spec.hold_s == 0
+
+
+def test_a_catalog_file_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.yaml"
+    path.write_text("pools:\n  cpu: {step: 0}\n")
+    with pytest.raises(InvalidRequest, match=f"{path}: pool 'cpu': step"):
+        Catalog.load(path)
+    path.write_text("pools: [1, 2\n")
+    with pytest.raises(InvalidRequest, match="not valid YAML"):
+        Catalog.load(path)
+    path.write_text("- cpu\n")
+    with pytest.raises(InvalidRequest, match="a catalog is a mapping, not list"):
+        Catalog.load(path)
