@@ -150,7 +150,9 @@ def _frontier(out: Path, rows: list[dict[str, Any]], grid: list[dict[str, Any]])
     return body
 
 
-def _fig7(out: Path, rows: list[dict[str, Any]]) -> str:
+def _fig7(out: Path, rows: list[dict[str, Any]], event: list[dict[str, Any]]) -> str:
+    """The tick-dispatched sweep (adopted) with every think time; the event-dispatched one
+    (no think time) dashed beside it, as a sensitivity."""
     cross = {w: studies.crossover(rows, w) for w in ("w-rl", "w-agent")}
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
@@ -161,6 +163,9 @@ def _fig7(out: Path, rows: list[dict[str, Any]]) -> str:
             xs = [p[0] for p in pts]
             ax.plot(xs, [p[1] for p in pts], marker=".", label=f"think {think:g} s")
             ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.15)
+        dashed = sorted((r["body_s"], r["speedup"]) for r in event if r["workload"] == kind)
+        ax.plot([x for x, _ in dashed], [y for _, y in dashed], color="k", ls="--", lw=0.8,
+                label="think 0 s, event dispatch")  # fmt: skip
         ax.axhline(1.1, color="k", lw=0.6, ls=":")
         ax.set_xscale("log")
         ax.set_xlabel("job body length L (s)")
@@ -170,12 +175,21 @@ def _fig7(out: Path, rows: list[dict[str, Any]]) -> str:
     fig.tight_layout()
     fig.savefig(out / "fig7_speedup_vs_body.png", dpi=120)
     plt.close(fig)
-    short = {w: [round(r["speedup"], 2) for r in rows if r["workload"] == w and r["think_s"] == 0
-                 and r["body_s"] <= 2] for w in ("w-rl", "w-agent")}  # fmt: skip
+
+    def summary(sweep: list[dict[str, Any]]) -> str:
+        at = {w: studies.crossover(sweep, w) for w in ("w-rl", "w-agent")}
+        short = {w: [round(r["speedup"], 2) for r in sweep if r["workload"] == w
+                     and r["think_s"] == 0 and r["body_s"] <= 2] for w in at}  # fmt: skip
+        return (
+            f"crossover (speedup < 1.1x, no think time) RL {_s(at['w-rl'])} s (paper ~196 s), "
+            f"agent {_s(at['w-agent'])} s (paper ~104 s); at 1-2 s bodies RL {short['w-rl']} "
+            f"(paper sweep 4.1-4.3x), agent {short['w-agent']} (paper 1.6-2.0x)"
+        )
+
     return (
-        f"Crossover (speedup < 1.1x, no think time): RL {_s(cross['w-rl'])} s (paper ~196 s), "
-        f"agent {_s(cross['w-agent'])} s (paper ~104 s). At 1-2 s bodies: RL {short['w-rl']} "
-        f"(paper sweep 4.1-4.3x), agent {short['w-agent']} (paper 1.6-2.0x).\n\n"
+        f"Tick-driven dispatcher (adopted, as Table 5's Reuse Off columns): {summary(rows)}.\n\n"
+        f"Event-driven dispatcher of §3 (sensitivity; the paper does not say which its sweep "
+        f"ran): {summary(event)}.\n\n"
         + _table(
             ["workload", "think (s)", "body (s)", "speedup", "min", "max"],
             [
@@ -253,6 +267,9 @@ def write_report(
                              workers=workers)),
         ("Figure 7", partial(studies.speedup_sweep, replicates=1 if quick else 3,
                              workers=workers)),
+        ("Figure 7, event dispatch", partial(studies.speedup_sweep, thinks=(0,),
+                                             replicates=1 if quick else 3, workers=workers,
+                                             dispatch="event")),
         ("Figure 5", partial(studies.fragmentation, seeds=seeds,
                              envs=(1, 4, 16, 64) if not quick else (1, 64), workers=workers)),
         ("Figure 5, 8 callers", partial(studies.fragmentation, seeds=seeds, envs=(1, 64),
@@ -268,7 +285,7 @@ def write_report(
     rows = len(acceptance.ROWS)
     acc: list[dict[str, Any]] = done[:rows]
     sens = [r for study in done[rows : rows + len(acceptance.SENSITIVITY)] for r in study]
-    c1, grid, fig7, fig5, fig5_callers = done[rows + len(acceptance.SENSITIVITY) :]
+    c1, grid, fig7, fig7_event, fig5, fig5_callers = done[rows + len(acceptance.SENSITIVITY) :]
     jobs = sum(int(r["result"]["simulated_jobs"]) for r in acc)
     acc_wall = sum(float(r["result"]["wall_s"]) for r in acc)
     wall = time.perf_counter() - t0
@@ -286,7 +303,7 @@ def write_report(
         _frontier(out, c1, grid),
         "![frontier](fig6b_frontier.png)\n",
         "## Figure 7: speedup against job length and think time\n",
-        _fig7(out, fig7),
+        _fig7(out, fig7, fig7_event),
         "![fig7](fig7_speedup_vs_body.png)\n",
         "## Figure 5: environment fragmentation\n",
         _fig5(out, fig5, fig5_callers),
@@ -294,7 +311,8 @@ def write_report(
     ]
     (out / "README.md").write_text("\n".join(md))
     results = {"wall_s": wall, "acceptance": acc, "sensitivity": sens, "c1": c1, "grid": grid,
-               "fig7": fig7, "fig5": fig5, "fig5_8_callers": fig5_callers}  # fmt: skip
+               "fig7": fig7, "fig7_event": fig7_event, "fig5": fig5,
+               "fig5_8_callers": fig5_callers}  # fmt: skip
     (out / "results.json").write_text(json.dumps(_clean(results), indent=1))
     print(f"report written to {out} in {wall:.0f} s")
     for r in acc:

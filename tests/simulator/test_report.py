@@ -21,7 +21,7 @@ def test_the_quick_report_writes_every_table_and_figure(
 ) -> None:
     assert write_report(str(tmp_path), quick=True, workers=2) == 0
     err = capsys.readouterr().err
-    steps = len(acceptance.ROWS) + len(acceptance.SENSITIVITY) + 5
+    steps = len(acceptance.ROWS) + len(acceptance.SENSITIVITY) + 6
     assert f"{steps}/{steps}" in err  # the bar on stderr finished
 
     readme = (tmp_path / "README.md").read_text()
@@ -38,4 +38,6 @@ def test_the_quick_report_writes_every_table_and_figure(
         assert math.isfinite(r["speedup"]) and r["speedup"] > 1.0  # warmth always helps
         assert r["band"] == pytest.approx([0.76 * r["paper"], 1.31 * r["paper"]])
     assert {r["workload"] for r in results["fig7"]} == {"w-rl", "w-agent"}
+    assert {r["think_s"] for r in results["fig7_event"]} == {0}
+    assert "Event-driven dispatcher of §3" in readme
     assert results["c1"] and results["grid"] and results["fig5"] and results["sensitivity"]
