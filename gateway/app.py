@@ -322,8 +322,10 @@ def pool_report(broker: Broker) -> dict[str, Any]:
             "ceiling": pool.max_count,
             "idle_cap": pool.max_idle_count,
         }
+    held = broker.ledger.held_unit_seconds()
     budgets = {
-        acc: {"used": used, "budget": cap} for acc, (used, cap) in broker.ledger.view().items()
+        acc: {"used": used, "budget": cap, "held_unit_seconds": round(held.get(acc, 0.0), 3)}
+        for acc, (used, cap) in broker.ledger.view().items()
     }
     return {"pools": out, "budgets": budgets}
 

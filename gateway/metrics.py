@@ -42,4 +42,14 @@ def render_metrics(broker: Broker) -> str:
         "# TYPE firepool_queued_jobs gauge",
     ]
     lines.append(_line("firepool_queued_jobs", len(broker.dispatcher.queued())))
+    lines += [
+        "# HELP firepool_held_unit_seconds_total GPU- or core-seconds the pools of each "
+        "accelerator held: reserved at create until deleted (busy, idle, owner-held, starting, "
+        "terminating); rate() of it is the capacity held.",
+        "# TYPE firepool_held_unit_seconds_total counter",
+    ]
+    for acc, held in sorted(broker.ledger.held_unit_seconds().items()):
+        lines.append(
+            _line("firepool_held_unit_seconds_total", round(held, 3), {"accelerator": acc})
+        )
     return "\n".join(lines) + "\n"

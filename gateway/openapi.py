@@ -45,7 +45,9 @@ OPENAPI: dict[str, Any] = {
         "/v1/jobs": {"get": _op("List your jobs")},
         "/v1/jobs/{id}": {"get": _op("Job status and result"), "delete": _op("Cancel a job")},
         "/v1/jobs/{id}/logs": {"get": _op("Job logs (?follow=1 streams)")},
-        "/v1/pools": {"get": _op("Pools: pods by state and role, queue, holds, budgets")},
+        "/v1/pools": {
+            "get": _op("Pools: pods by state and role, queue, holds, budgets and held unit-seconds")
+        },
         "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}},
         "/readyz": {"get": {"summary": "Readiness", "responses": {"200": {"description": "OK"}}}},
         "/metrics": {

@@ -83,7 +83,8 @@ class Simulation:
         self.scale = scale
         self.arm = arm
         self.catalog = build_catalog(venue, arm, envs)
-        self.ledger = BudgetLedger(self.catalog.budgets)
+        self.now = 0.0
+        self.ledger = BudgetLedger(self.catalog.budgets, clock=self._clock)
         self.tracker = Tracker(self.catalog, self.ledger, lock=nullcontext())
         self.rng = stream(seed, "venue")
         self.skus = [env_sku(venue, arm, e) for e in range(envs)]
@@ -91,7 +92,6 @@ class Simulation:
         self.per_unit = max(1, venue.pool.units_per_pod)
         self.heap: list[tuple[float, int, int, object]] = []
         self.next_seq = itertools.count().__next__
-        self.now = 0.0
         self.queue: list[ClaimRequest] = []
         """The queued jobs' requests, in dispatch order (what ``dispatch_pass`` takes)."""
         self.queued: dict[str, Job] = {}
@@ -126,6 +126,11 @@ class Simulation:
         self.created = 0
         self.ticking = False
         self.floor_units = sum(s.min_count for s in self.catalog.pools.values())
+
+    def _clock(self) -> float:
+        """Virtual time, for the ledger's held unit-seconds (the run's own ``area`` is what
+        the metrics report; both integrate ``ledger.used``)."""
+        return self.now
 
     # -- programs ------------------------------------------------------------------------
     def add(self, caller: str, program: Program) -> None:
@@ -330,7 +335,7 @@ class Simulation:
             for _, _, kind, job in self.heap
             if kind == _RELEASE and isinstance(job, Job)
         }
-        ledger = BudgetLedger(catalog.budgets)
+        ledger = BudgetLedger(catalog.budgets, clock=self._clock)
         tracker = Tracker(catalog, ledger, lock=nullcontext())
         tracker.restore(pods, self.now, leased)
         for card in self.pod_card.values():  # the sweep: a dedicated node has only our shares

@@ -82,6 +82,7 @@ def test_pools_report_pods_queue_and_budgets_to_admins(broker_server: BrokerServ
     assert cpu["floor"] == 1 and cpu["ceiling"] == 8
     assert sum(cpu["pods"].values()) >= 1
     assert report["budgets"]["cpu"]["budget"] == 16
+    assert report["budgets"]["cpu"]["held_unit_seconds"] > 0  # the floor pod, since start
 
 
 def test_probes_metrics_and_schema_answer(broker_server: BrokerServer) -> None:
@@ -90,5 +91,8 @@ def test_probes_metrics_and_schema_answer(broker_server: BrokerServer) -> None:
     assert httpx.get(f"{url}/readyz").status_code == 200
     metrics = httpx.get(f"{url}/metrics").text
     assert "firepool_pods{" in metrics and "firepool_jobs_total" in metrics
+    held = [line for line in metrics.splitlines()
+            if line.startswith('firepool_held_unit_seconds_total{accelerator="cpu"}')]  # fmt: skip
+    assert len(held) == 1 and float(held[0].split()[-1]) > 0
     schema = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/functions/{name}:invoke" in schema["paths"]

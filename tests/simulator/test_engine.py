@@ -86,6 +86,20 @@ def test_the_gpu_cap_is_never_exceeded() -> None:
     assert 0 < peak <= h200.budget
 
 
+@pytest.mark.parametrize("arm", ["reuse-on", "fresh"])
+def test_the_ledgers_held_unit_seconds_match_the_runs_own_integral(arm: str) -> None:
+    """Two integrals of the same ``ledger.used``: the engine's, event by event, and the
+    ledger's, on every reservation and release (on the virtual clock)."""
+    h200 = load_venue("h200")
+    sim = engine.Simulation(h200, parse_arm(arm), 3)
+    for caller, program in Workload("w-agent", agents=4).programs(3):
+        sim.add(caller, program)
+    result = sim.run()
+    held = sim.ledger.held_unit_seconds()["h200"]
+    assert result.held_units_s > 100.0
+    assert held == pytest.approx(result.held_units_s * h200.pool.units_per_pod, rel=1e-9)
+
+
 def test_shipped_venues_load_and_unknown_keys_are_rejected() -> None:
     assert {"local", "prod-cpu", "h200"} <= set(venue_names())
     assert load_venue("h200").pool.standbys_per_active == 3
