@@ -64,6 +64,7 @@ def _invoke(client: Client, fn: str, body: float, tag: str | None, rec: Recorder
         "start_s": (first - submitted) if first else None,
         "t0": t0,
         "t1": t1,
+        "busy": (first, timings.get("finished") or t1) if first else None,
     }
     with rec.lock:
         rec.jobs.append(row)
@@ -89,24 +90,51 @@ def _run_caller(server: BrokerServer, caller: str, program: Program, arm: str, s
                 time.sleep(float(cmd) * scale)  # type: ignore[arg-type]
 
 
+def _held_unit_seconds(admin: Client) -> float:
+    return float(admin.pools()["budgets"]["cpu"]["held_unit_seconds"])
+
+
+def peak_concurrency(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at once (an end at the same instant as a start closes first)."""
+    events = sorted([(b, 1) for b, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda ev: (ev[0], ev[1]))  # fmt: skip
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
 def run_arm(server: BrokerServer, workload: Workload, arm: str, seed: int, repeat: int,
             scale: float) -> dict[str, Any]:  # fmt: skip
+    """One run. Held capacity is the broker's ledger counter over the run's window, so it
+    also counts pods the previous arm left (idle within their keep-alive), and not what this
+    run leaves after its last job; the simulator's ``held_pod_s`` counts a run's own pods
+    until they are gone. The always-on pool is the run's peak of jobs running at once (first
+    instruction to finish) for the whole makespan."""
     rec = Recorder()
     threads = [
         threading.Thread(target=_run_caller,
                          args=(server, f"{arm}-r{repeat}-{caller}", program, arm, scale, rec))
         for caller, program in workload.programs(seed)
     ]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with server.client("loops-admin", Role.ADMIN) as admin:
+        held0 = _held_unit_seconds(admin)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        held = _held_unit_seconds(admin) - held0
     starts = [j["start_s"] for j in rec.jobs if j["start_s"] is not None]
+    makespan = max(j["t1"] for j in rec.jobs) - min(j["t0"] for j in rec.jobs)
+    peak = peak_concurrency([j["busy"] for j in rec.jobs if j["busy"] is not None])
     return {
-        "makespan_s": max(j["t1"] for j in rec.jobs) - min(j["t0"] for j in rec.jobs),
+        "makespan_s": makespan,
         "starts": starts,
         "paths": Counter(str(j["path"]) for j in rec.jobs),
         "failed": sum(1 for j in rec.jobs if j["state"] != "SUCCEEDED"),
+        "held_pod_s": held,
+        "held_vs_always_on": held / (peak * makespan) if peak and makespan > 0 else None,
     }
 
 
@@ -166,7 +194,8 @@ def main(argv: list[str]) -> int:
                         runs[arm].append(run)
                         bar.update()
                         bar.write(f"repeat {r + 1} {arm}: makespan {run['makespan_s']:.2f} s, "
-                                  f"{run['failed']} failed", file=sys.stderr)  # fmt: skip
+                                  f"held {run['held_pod_s']:.1f} pod-s, {run['failed']} failed",
+                                  file=sys.stderr)  # fmt: skip
         finally:
             server.stop()
             kill_pods(home)
@@ -181,13 +210,19 @@ def main(argv: list[str]) -> int:
         for arm, s in out["arms"].items():
             p50, p90 = s["start_p50_s"], s["start_p90_s"]
             print(f"{arm:>10}: makespan median {s['makespan_median_s']:.2f} s, "
-                  f"start p50 {p50:.3f} s p90 {p90:.3f} s, paths {s['paths']}")  # fmt: skip
+                  f"start p50 {p50:.3f} s p90 {p90:.3f} s, held {s['held_pod_s']:.1f} pod-s "
+                  f"({s['held_vs_always_on']:.2f}x always-on), paths {s['paths']}")  # fmt: skip
     return 0
 
 
 def _median_of(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     """For ``bootstrap_ci``: the median of each resample (one row of indices each)."""
     return lambda idx: np.median(values[idx], axis=1)
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[str, Any]:
@@ -206,6 +241,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[st
             "start_p90_s": float(np.percentile(starts, 90)) if starts else None,
             "paths": dict(sorted(paths.items())),
             "failed_jobs": sum(r["failed"] for r in runs[arm]),
+            "held_pod_s": _median_or_none([r.get("held_pod_s") for r in runs[arm]]),
+            "held_vs_always_on": _median_or_none([r.get("held_vs_always_on") for r in runs[arm]]),
         }
         if arm != arms[0]:
             n = min(len(ms), len(ref))
