@@ -89,6 +89,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--burst", type=int, default=4, help="pods started at once (contention)")
     p.add_argument("--out", default=str(VENUE_DIR / "local.yaml"))
     args = p.parse_args(argv)
+    if args.pods < 2 or args.burst < 2:  # a median and a p90, a contention ratio
+        p.error(f"--pods and --burst must be at least 2, not {args.pods} and {args.burst}")
     got = asyncio.run(measure(args.pods, args.burst))
     out = Path(args.out)
     data: dict[str, Any] = yaml.safe_load(out.read_text()) if out.exists() else {}

@@ -96,3 +96,13 @@ def test_a_pool_that_can_never_place_a_job_is_an_error_not_a_number(
     assert simulate([*argv, "--set", "pool.max_count=0"]) == 1
     captured = capsys.readouterr()
     assert "the simulated pool is stuck" in captured.err and captured.out == ""
+
+
+def test_calibrate_needs_two_pods_for_a_median_and_a_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        simulate(["calibrate", "--pods", "1", "--out", "/nonexistent/local.yaml"])
+    assert (
+        exc.value.code == 2 and "--pods and --burst must be at least 2" in capsys.readouterr().err
+    )
