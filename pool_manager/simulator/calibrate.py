@@ -31,12 +31,13 @@ def _healthy(endpoint: str) -> bool:
     try:
         if kind == "unix":
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(1.0)
-            s.connect(where)
         else:
             host, _, port = where.rpartition(":")
             s = socket.create_connection((host, int(port)), timeout=1.0)
-        with s:
+        with s:  # closed on every path, a refused connect included
+            if kind == "unix":
+                s.settimeout(1.0)
+                s.connect(where)
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
             return s.recv(64).startswith(b"HTTP/1.1 200")
     except OSError:
@@ -87,13 +88,18 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="firepool simulate calibrate", description=__doc__)
     p.add_argument("--pods", type=int, default=8, help="sequential starts to time")
     p.add_argument("--burst", type=int, default=4, help="pods started at once (contention)")
-    p.add_argument("--out", default=str(VENUE_DIR / "local.yaml"))
+    p.add_argument(
+        "--out",
+        default=str(VENUE_DIR / "local.yaml"),
+        help="venue YAML to update (a new file starts from the shipped local venue)",
+    )
     args = p.parse_args(argv)
     if args.pods < 2 or args.burst < 2:  # a median and a p90, a contention ratio
         p.error(f"--pods and --burst must be at least 2, not {args.pods} and {args.burst}")
     got = asyncio.run(measure(args.pods, args.burst))
     out = Path(args.out)
-    data: dict[str, Any] = yaml.safe_load(out.read_text()) if out.exists() else {}
+    base = out if out.exists() else VENUE_DIR / "local.yaml"  # a new file: the shipped one's rest
+    data: dict[str, Any] = yaml.safe_load(base.read_text())
     single = float(np.median(got["single"]))
     burst = float(np.median(got["together"]))
     contention = max(0.0, (burst / single - 1.0) / max(1, args.burst - 1))

@@ -3,6 +3,7 @@ simulation of negative bodies, zero agents or NaN percentiles."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from benchmarks import loops
 from pool_manager.simulator.cli import main as simulate
 from pool_manager.simulator.experiment import Workload
+from pool_manager.simulator.venue import load_venue
 
 BAD_WORKLOADS = [
     ({"agents": 0}, "agents"),
@@ -106,3 +108,16 @@ def test_calibrate_needs_two_pods_for_a_median_and_a_ratio(
     assert (
         exc.value.code == 2 and "--pods and --burst must be at least 2" in capsys.readouterr().err
     )
+
+
+def test_calibrate_into_a_new_file_writes_a_whole_venue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real local pods: the new file is the shipped local venue with the measured starts,
+    contention and termination, and it loads."""
+    out = tmp_path / "local-here.yaml"
+    assert simulate(["calibrate", "--pods", "2", "--burst", "2", "--out", str(out)]) == 0
+    venue = load_venue(str(out))
+    assert venue.name == "local" and venue.budget == load_venue("local").budget
+    assert 0 < venue.start_phases["spawn_to_healthz"].median < 30
+    assert "measured" in venue.notes["termination"] and str(out) in capsys.readouterr().out
