@@ -410,7 +410,7 @@ class Simulation:
         if end < 0 and self.live_jobs:
             raise RuntimeError(
                 f"{self.live_jobs} jobs still unfinished at t={self.now:.0f} s "
-                f"({len(self.queue)} queued): the simulated pool is stuck"
+                f"({len(self.queue)} queued): the simulated pool is stuck; {self._stuck()}"
             )
         start = min((j.submitted for j in self.jobs), default=0.0)
         return RunResult(
@@ -418,6 +418,23 @@ class Simulation:
             held_units_s=self.area / self.per_unit, peak_busy=self.peak_busy,
             pods_created=self.created, events=events,
         )  # fmt: skip
+
+    def _stuck(self) -> str:
+        """What holds the capacity and who waits for it, for the stuck-run error."""
+        held: dict[str, dict[str, int]] = {}
+        for pod in self.tracker.pods():
+            kind = f"{pod.state} {pod.role}"
+            held.setdefault(pod.sku, {})
+            held[pod.sku][kind] = held[pod.sku].get(kind, 0) + 1
+        budgets = ", ".join(
+            f"{acc} {used}/{cap}" for acc, (used, cap) in self.ledger.view().items()
+        )
+        pods = "; ".join(
+            f"{sku}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+            for sku, kinds in sorted(held.items())
+        )
+        waiting = ", ".join(sorted({req.sku for req in self.queue}))
+        return f"budget {budgets}; pods {pods or 'none'}; jobs wait on {waiting or 'nothing'}"
 
     def _drain_s(self) -> float:
         """After the last job: long enough for every keep-alive and hold to expire."""

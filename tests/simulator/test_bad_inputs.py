@@ -98,6 +98,7 @@ def test_a_pool_that_can_never_place_a_job_is_an_error_not_a_number(
     assert simulate([*argv, "--set", "pool.max_count=0"]) == 1
     captured = capsys.readouterr()
     assert "the simulated pool is stuck" in captured.err and captured.out == ""
+    assert "budget cpu 0/16; pods none; jobs wait on cpu" in captured.err  # what holds, who waits
 
 
 def test_calibrate_needs_two_pods_for_a_median_and_a_ratio(
