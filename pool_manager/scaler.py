@@ -27,6 +27,12 @@ oldest hold first, sparing owners with queued jobs. Idle old-template pods retir
 
 Each active ``CreatePod`` is reserved in the ledger before it is returned; when the ledger
 refuses, the pass stops creating for that accelerator. Pure apart from the ledger.
+
+Budget reclaim: when pools share an accelerator's budget and the pods they would add exceed
+its headroom (less what retiring groups will free), the other pools on it scale down as if
+their idle cap were 0, for idle groups past their keep-alive only (floors, owner holds and
+their own demand still retain): the idle cap "retains but never pre-creates", so it must not
+hold units another pool's queued jobs need, or those jobs could wait forever.
 """
 
 from __future__ import annotations
@@ -77,7 +83,10 @@ def terms(
     return Terms(*_arithmetic(view, queued, owner_queued, expired, headroom))
 
 
-_ADD, _REMOVE, _BLOCKED = map(Terms.__match_args__.index, ("add", "remove", "blocked"))
+_DEMAND, _STARTING, _IDLE, _HELD, _BUSY, _PHYSICAL, _ADD, _REMOVE, _BLOCKED = map(
+    Terms.__match_args__.index,
+    ("demand", "starting", "idle", "held", "busy", "physical", "add", "remove", "blocked"),
+)
 
 
 def _arithmetic(
@@ -151,6 +160,49 @@ def next_keepalive_expiry(snapshot: PoolSnapshot, now: float) -> float:
     return soonest
 
 
+def _expired(view: PoolView, now: float) -> list[IdleGroup]:
+    if not view.idle_groups:
+        return _NONE_EXPIRED
+    timeout = view.spec.idle_timeout_s
+    return [g for g in view.idle_groups if g.since + timeout <= now]
+
+
+def _budget_shortfall(
+    pools: Mapping[str, PoolView],
+    queued: Mapping[str, int],
+    demand: Sequence[ClaimRequest],
+    now: float,
+    ledger: BudgetLedger,
+) -> dict[str, int]:
+    """Units per accelerator that its pools would add this pass beyond the budget's
+    headroom and what its retiring groups will free: what budget reclaim may free."""
+    want: dict[str, int] = {}
+    by_owner: dict[str, dict[str, int]] | None = None
+    for sku, n in queued.items():
+        view = pools.get(sku)
+        if view is None:
+            continue
+        spec = view.spec
+        owners = _NO_OWNERS
+        if view.held_by_owner:
+            if by_owner is None:
+                by_owner = _queued_by_owner(demand)
+            owners = by_owner.get(sku, _NO_OWNERS)
+        add = _arithmetic(view, n, owners, len(_expired(view, now)), None)[_ADD]
+        if add:
+            want[spec.accelerator] = want.get(spec.accelerator, 0) + add * spec.units_per_pod
+    short: dict[str, int] = {}
+    for accelerator, units in want.items():
+        free = ledger.headroom(accelerator)
+        if free is None:
+            continue
+        freeing = sum(v.retiring * v.spec.units_per_pod for v in pools.values()
+                      if v.spec.accelerator == accelerator)  # fmt: skip
+        if units > free + freeing:
+            short[accelerator] = units - free - freeing
+    return short
+
+
 def plan(
     snapshot: PoolSnapshot,
     demand: Sequence[ClaimRequest],
@@ -165,14 +217,12 @@ def plan(
     waiting: set[str] | None = None  # built once a pool breaks holds
     actions: list[Action] = []
     pools = snapshot.pools
+    short = _budget_shortfall(pools, queued, demand, now, ledger) if len(pools) > 1 else {}
     for sku in sorted(pools) if len(pools) > 1 else pools:
         view = pools[sku]
         spec = view.spec
         accelerator, units = spec.accelerator, spec.units_per_pod
-        expired = _NONE_EXPIRED
-        if view.idle_groups:
-            timeout = spec.idle_timeout_s
-            expired = [g for g in view.idle_groups if g.since + timeout <= now]
+        expired = _expired(view, now)
         owners = _NO_OWNERS
         if view.held_by_owner and sku in queued:
             if by_owner is None:
@@ -191,10 +241,22 @@ def plan(
                 break
             actions.append(CreatePod(sku))
         remove = t[_REMOVE]
-        if remove:
+        reclaim = 0
+        if short.get(accelerator, 0) > 0 and not t[_ADD] and len(expired) > remove:
+            # Budget reclaim: the idle cap alone retains no expired group here.
+            idle, held, busy, starting = t[_IDLE], t[_HELD], t[_BUSY], t[_STARTING]
+            floor = spec.min_count
+            retain = max(floor - (held + busy), t[_DEMAND] - (starting + busy))
+            uncapped = max(0, min(idle - retain, len(expired), t[_PHYSICAL] - floor))
+            per = max(1, units)
+            reclaim = min(max(0, uncapped - remove), -(-short[accelerator] // per))
+            short[accelerator] -= reclaim * per
+        if remove or reclaim:
             expired.sort(key=lambda g: (g.since, g.pods))
             for group in expired[:remove]:
                 actions.extend(DeletePod(name, "scale_down") for name in group.pods)
+            for group in expired[remove : remove + reclaim]:
+                actions.extend(DeletePod(name, "budget_reclaim") for name in group.pods)
         if view.stale_idle:
             actions.extend(
                 DeletePod(name, "stale_template") for name in view.stale_idle[: spec.step]

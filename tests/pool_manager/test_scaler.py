@@ -223,3 +223,55 @@ def test_a_single_use_job_is_demand_even_when_its_caller_holds_a_pod() -> None:
     run_job(t, make_request("alice", tag="t"), now=1.0)  # 'a' is now held for alice
     actions = t.reconcile([make_request("alice", single_use=True)], 2.0)
     assert len(creates(actions)) == 1
+
+
+def _two_pools_on_one_budget(**knobs: object) -> Tracker:
+    """Pools ``a`` and ``b`` share a 2-core budget; ``a`` holds both cores with idle pods
+    its idle cap (2) would retain past their 10 s keep-alive."""
+    spec = {"max_idle_count": 2, "idle_timeout_s": 10.0, **knobs}
+    t = Tracker(make_catalog(make_spec("a", **spec), make_spec("b", **spec), budgets={"cpu": 2}))
+    add_ready(t, "a1", "a")
+    add_ready(t, "a2", "a")
+    return t
+
+
+def test_the_idle_cap_retains_past_the_keep_alive_when_no_other_pool_waits() -> None:
+    t = _two_pools_on_one_budget()
+    assert t.reconcile([], 100.0) == []
+    assert t.reconcile([make_request(sku="a")], 100.0) == []  # its own job takes a1
+
+
+def test_a_pool_blocked_by_the_budget_reclaims_other_pools_expired_idle_pods() -> None:
+    t = _two_pools_on_one_budget()
+    waiting = [make_request("bob", "b")]
+    assert t.reconcile(waiting, 5.0) == [], "within the keep-alive nothing is reclaimed"
+    first = t.reconcile(waiting, 100.0)
+    assert deletes(first, "budget_reclaim") == ["a1"] and creates(first) == []
+    # a1 is retiring and will free its core: the next pass reclaims nothing more
+    assert deletes(t.reconcile(waiting, 101.0), "budget_reclaim") == []
+    t.pod_gone("a1", 160.0)
+    assert [a.sku for a in creates(t.reconcile(waiting, 161.0))] == ["b"]
+    assert state_of(t, "a2") is PodState.IDLE, "one waiting pod reclaims one core"
+
+
+def test_budget_reclaim_spares_floors_and_owner_holds() -> None:
+    t = _two_pools_on_one_budget(min_count=1)
+    waiting = [make_request("bob", "b")]
+    assert deletes(t.reconcile(waiting, 100.0), "budget_reclaim") == ["a1"]  # a2 is the floor
+    held = _two_pools_on_one_budget(caller_hold_s=1000.0)
+    for name in ("a1", "a2"):  # alice's jobs leave both pods held for her
+        run_job(held, make_request("alice", "a", tag=name), 1.0)
+    assert deletes(held.reconcile(waiting, 100.0), "budget_reclaim") == []
+
+
+def test_budget_reclaim_frees_whole_pods_of_the_waiting_size_and_no_more() -> None:
+    """An 8-GPU job waits on a 9-GPU budget held by a 1-GPU pool's idle pods: it needs 8
+    GPUs free, so 8 of the 9 expired 1-GPU pods retire, the oldest first."""
+    small = make_spec("gpu1", accelerator="h200", max_idle_count=9, max_count=9,
+                      idle_timeout_s=10.0)  # fmt: skip
+    big = make_spec("gpu8", accelerator="h200", units_per_pod=8, max_count=1)
+    t = Tracker(make_catalog(small, big, budgets={"h200": 9}))
+    for i in range(9):
+        add_ready(t, f"s{i}", "gpu1", gpu=f"card{i}")
+    actions = t.reconcile([make_request("bob", "gpu8")], 100.0)
+    assert len(deletes(actions, "budget_reclaim")) == 8 and creates(actions) == []

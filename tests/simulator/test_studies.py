@@ -49,3 +49,13 @@ def test_one_shared_pool_stays_flat_while_pools_per_environment_grow() -> None:
         shared_1, shared_16 = held[(kind, 1, "shared")], held[(kind, 16, "shared")]
         assert shared_16 < 1.2 * shared_1  # flat: late binding shares pods across envs
         assert held[(kind, 16, "per-env")] > 1.5 * shared_16
+
+
+def test_pools_on_a_tight_shared_budget_all_finish() -> None:
+    """Eight per-environment pools on H200's two GPUs: once a pool's standby groups are past
+    their keep-alive, its idle cap no longer keeps them from the pools waiting on the budget
+    (before the budget reclaim this run was stuck at t = 10⁶ s)."""
+    workload = Workload("rl-sessions", envs=8, duration_s=600)
+    for arm in ("per-env", "per-env-split"):
+        metrics, jobs = run_once(load_venue("h200"), parse_arm(arm), workload, 1)
+        assert jobs == 660 and metrics.makespan_s < 10_000
