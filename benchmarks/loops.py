@@ -64,7 +64,8 @@ def _invoke(client: Client, fn: str, body: float, tag: str | None, rec: Recorder
         "start_s": (first - submitted) if first else None,
         "t0": t0,
         "t1": t1,
-        "busy": (first, timings.get("finished") or t1) if first else None,
+        # dispatched -> done, as the simulator's busy pods (its always-on pool's peak)
+        "busy": (timings.get("started") or first, timings.get("finished") or t1) if first else None,
     }
     with rec.lock:
         rec.jobs.append(row)
@@ -111,7 +112,7 @@ def run_arm(server: BrokerServer, workload: Workload, arm: str, seed: int, repea
     also counts pods the previous arm left (idle within their keep-alive), and not what this
     run leaves after its last job; the simulator's ``held_pod_s`` counts a run's own pods
     until they are gone. The always-on pool is the run's peak of jobs running at once (first
-    instruction to finish) for the whole makespan."""
+    from dispatch to finish) for the whole makespan."""
     rec = Recorder()
     threads = [
         threading.Thread(target=_run_caller,
