@@ -82,10 +82,7 @@ class _Sessions:
                     self.spawn(cmd.caller, cmd.program)
                 elif isinstance(cmd, Batch):
                     jobs = [
-                        threading.Thread(
-                            target=_invoke,
-                            args=(client, "sleep", body * self.scale, caller, self.rec),
-                        )
+                        threading.Thread(target=self._job, args=(client, body, caller))
                         for body in cmd.bodies
                     ]
                     for job in jobs:
@@ -94,6 +91,18 @@ class _Sessions:
                         job.join()
                 else:
                     time.sleep(float(cmd) * self.scale)  # type: ignore[arg-type]
+
+    def _job(self, client: Client, body: float, caller: str) -> None:
+        """One synchronous invoke; an error is recorded as a failed job, never lost with its
+        thread."""
+        t0 = time.time()
+        try:
+            _invoke(client, "sleep", body * self.scale, caller, self.rec)
+        except Exception as exc:
+            row = {"state": f"error: {exc}", "path": None, "start_s": None, "t0": t0,
+                   "t1": time.time(), "busy": None}  # fmt: skip
+            with self.rec.lock:
+                self.rec.jobs.append(row)
 
     def join(self) -> None:
         """Until every program, spawned ones included, has ended."""
