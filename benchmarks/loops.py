@@ -111,8 +111,8 @@ def run_arm(server: BrokerServer, workload: Workload, arm: str, seed: int, repea
     """One run. Held capacity is the broker's ledger counter over the run's window, so it
     also counts pods the previous arm left (idle within their keep-alive), and not what this
     run leaves after its last job; the simulator's ``held_pod_s`` counts a run's own pods
-    until they are gone. The always-on pool is the run's peak of jobs running at once (first
-    from dispatch to finish) for the whole makespan."""
+    until they are gone. The always-on pool is the run's peak of jobs running at once (from
+    dispatch to finish) for the whole makespan."""
     rec = Recorder()
     threads = [
         threading.Thread(target=_run_caller,
