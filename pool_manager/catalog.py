@@ -41,7 +41,9 @@ class PoolSpec:
     min_count: int = 0
     """Floor: pods kept ready at zero demand."""
     max_idle_count: int = 2
-    """Idle cap: unheld idle pods retained past their keep-alive (never pre-created)."""
+    """Idle cap: unheld idle pods retained past their keep-alive (never pre-created), unless
+    another pool's queued jobs on the same accelerator budget need their units (``scaler``'s
+    budget reclaim)."""
     max_count: int = 8
     """Ceiling: hard cap on pods (GPU groups) the pool holds, starting and held included."""
     idle_timeout_s: float = 300.0
