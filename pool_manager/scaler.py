@@ -83,10 +83,7 @@ def terms(
     return Terms(*_arithmetic(view, queued, owner_queued, expired, headroom))
 
 
-_DEMAND, _STARTING, _IDLE, _HELD, _BUSY, _PHYSICAL, _ADD, _REMOVE, _BLOCKED = map(
-    Terms.__match_args__.index,
-    ("demand", "starting", "idle", "held", "busy", "physical", "add", "remove", "blocked"),
-)
+_ADD, _REMOVE, _BLOCKED = map(Terms.__match_args__.index, ("add", "remove", "blocked"))
 
 
 def _arithmetic(
@@ -95,9 +92,11 @@ def _arithmetic(
     owner_queued: Mapping[str, int],
     expired: int,
     headroom: int | None,
+    keep_idle: bool = True,
 ) -> tuple[int, ...]:
     """``terms`` as a plain tuple in ``Terms`` field order (``plan`` reads three of them
-    without building a ``Terms``); ``expired``: the idle groups past their keep-alive."""
+    without building a ``Terms``); ``expired``: the idle groups past their keep-alive;
+    ``keep_idle=False``: an idle cap of 0 (budget reclaim)."""
     # PoolView's first nine fields, in order (one unpack, not nine attribute lookups)
     spec, starting, idle, held, busy, stale, single_use, retiring, held_by_owner = view[:9]
     floor, ceiling = spec.min_count, spec.max_count
@@ -117,7 +116,7 @@ def _arithmetic(
     if headroom is not None:
         add = min(add, headroom)
     add = max(0, add)
-    idle_cap = min(spec.max_idle_count, ceiling - (physical - idle))
+    idle_cap = min(spec.max_idle_count, ceiling - (physical - idle)) if keep_idle else 0
     retain = max(idle_cap, floor - (held + busy), demand - (starting + busy))
     remove = 0 if add else max(0, min(idle - retain, expired, physical - floor))
     blocked = max(0, demand_deficit - max(0, ceiling - physical))
@@ -229,7 +228,7 @@ def plan(
                 by_owner = _queued_by_owner(demand)
             owners = by_owner.get(sku, _NO_OWNERS)
         n = queued.get(sku, 0)
-        t = _arithmetic(view, n, owners, len(expired), None)
+        t = grows = _arithmetic(view, n, owners, len(expired), None)
         # The headroom (>= 0) only caps ``add``: with no pod to add it changes no term, so
         # the ledger is asked (and, when it has a budget, locked) only when a pool would grow.
         if t[_ADD] and ledger.budget(accelerator) is not None:
@@ -242,14 +241,13 @@ def plan(
             actions.append(CreatePod(sku))
         remove = t[_REMOVE]
         reclaim = 0
-        if short.get(accelerator, 0) > 0 and not t[_ADD] and len(expired) > remove:
-            # Budget reclaim: the idle cap alone retains no expired group here.
-            idle, held, busy, starting = t[_IDLE], t[_HELD], t[_BUSY], t[_STARTING]
-            floor = spec.min_count
-            retain = max(floor - (held + busy), t[_DEMAND] - (starting + busy))
-            uncapped = max(0, min(idle - retain, len(expired), t[_PHYSICAL] - floor))
+        if short.get(accelerator, 0) > 0 and not grows[_ADD] and len(expired) > remove:
+            # Budget reclaim, in a pool that would not grow even with budget to spare (so
+            # ``t`` is ``grows`` and ``remove`` never exceeds this): the idle cap alone
+            # retains no expired group here.
+            uncapped = _arithmetic(view, n, owners, len(expired), None, keep_idle=False)[_REMOVE]
             per = max(1, units)
-            reclaim = min(max(0, uncapped - remove), -(-short[accelerator] // per))
+            reclaim = min(uncapped - remove, -(-short[accelerator] // per))
             short[accelerator] -= reclaim * per
         if remove or reclaim:
             expired.sort(key=lambda g: (g.since, g.pods))
