@@ -121,16 +121,20 @@ class Simulation:
         self.card_pods: dict[str, int] = {f"gpu{i}": 0 for i in range(venue.gpus_per_node)}
         self.pod_card: dict[str, str] = {}
         self.units = 0
-        self.area = 0.0
+        """Budget units the venue's accelerator holds now (``ledger.used``): the drain's stop."""
+        self.held_from = 0.0
+        """The ledger's held unit-seconds when this run's measurement began (``warm_up``)."""
         self.busy = self.peak_busy = 0
         self.created = 0
         self.ticking = False
         self.floor_units = sum(s.min_count for s in self.catalog.pools.values())
 
     def _clock(self) -> float:
-        """Virtual time, for the ledger's held unit-seconds (the run's own ``area`` is what
-        the metrics report; both integrate ``ledger.used``)."""
+        """Virtual time: the ledger integrates held units on it (``held_units_s``)."""
         return self.now
+
+    def _held(self) -> float:
+        return self.ledger.held_unit_seconds().get(self.acc, 0.0)
 
     # -- programs ------------------------------------------------------------------------
     def add(self, caller: str, program: Program) -> None:
@@ -309,7 +313,7 @@ class Simulation:
         self.run(until_idle=True)
         self.epoch += 1
         self.jobs = []
-        self.area = 0.0
+        self.held_from = self._held()
         self.peak_busy = self.busy
         self.created = 0
 
@@ -342,6 +346,7 @@ class Simulation:
             tracker.mark_gpu_verified(card, True, self.now)
         self.catalog, self.ledger, self.tracker = catalog, ledger, tracker
         self.units = ledger.used(self.acc)
+        self.held_from = self._held()  # a new ledger: its integral starts now
         self.floor_units = sum(s.min_count for s in catalog.pools.values())
         self.quiet_since, self.replan = -1.0, True
 
@@ -359,13 +364,11 @@ class Simulation:
         stop_at = horizon_s
         events = 0
         floor_units = self.floor_units * self.per_unit
-        area, last = self.area, self.now  # ``self.area`` is written back once, after the loop
         while heap:
             t, _, kind, obj = pop(heap)
             if t > stop_at:
                 break
-            area += self.units * (t - last)
-            self.now = last = t
+            self.now = t
             events += 1
             if kind == _DISPATCH:  # the most frequent first
                 self.dispatch_at = _INF
@@ -406,7 +409,6 @@ class Simulation:
                 stop_at = min(stop_at, t + self._drain_s())
             if self.units <= floor_units and not self.deleting:
                 break
-        self.area = area
         if end < 0 and self.live_jobs:
             raise RuntimeError(
                 f"{self.live_jobs} jobs still unfinished at t={self.now:.0f} s "
@@ -415,7 +417,8 @@ class Simulation:
         start = min((j.submitted for j in self.jobs), default=0.0)
         return RunResult(
             jobs=self.jobs, start=start, end=end if end >= 0 else self.now,
-            held_units_s=self.area / self.per_unit, peak_busy=self.peak_busy,
+            held_units_s=(self._held() - self.held_from) / self.per_unit,
+            peak_busy=self.peak_busy,
             pods_created=self.created, events=events,
         )  # fmt: skip
 

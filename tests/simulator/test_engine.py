@@ -86,18 +86,36 @@ def test_the_gpu_cap_is_never_exceeded() -> None:
     assert 0 < peak <= h200.budget
 
 
-@pytest.mark.parametrize("arm", ["reuse-on", "fresh"])
-def test_the_ledgers_held_unit_seconds_match_the_runs_own_integral(arm: str) -> None:
-    """Two integrals of the same ``ledger.used``: the engine's, event by event, and the
-    ledger's, on every reservation and release (on the virtual clock)."""
-    h200 = load_venue("h200")
-    sim = engine.Simulation(h200, parse_arm(arm), 3)
+@pytest.mark.parametrize("arm", ["reuse-on", "reuse-off", "fresh"])
+def test_held_pod_time_is_each_pods_life_from_create_to_gone(arm: str) -> None:
+    """The run's held time (the ledger's integral on the virtual clock) against pod lives
+    summed one by one, on a CPU venue where every pod holds one unit from its create (its
+    reservation, the same instant) until it is gone, or until the run ends."""
+    venue = load_venue("prod-cpu")
+    sim = engine.Simulation(venue, parse_arm(arm), 3)
+    born: dict[str, float] = {}
+    lives: list[float] = []
+    real_create, real_gone = sim._create, sim._gone
+
+    def create(action: Any) -> None:
+        before = {p.name for p in sim.tracker.pods()}
+        real_create(action)
+        for pod in sim.tracker.pods():
+            if pod.name not in before and pod.name not in born:
+                born[pod.name] = sim.now
+
+    def gone(name: str) -> None:
+        real_gone(name)
+        lives.append(sim.now - born.pop(name))
+
+    sim._create = create  # type: ignore[method-assign]
+    sim._gone = gone  # type: ignore[method-assign]
     for caller, program in Workload("w-agent", agents=4).programs(3):
         sim.add(caller, program)
     result = sim.run()
-    held = sim.ledger.held_unit_seconds()["h200"]
+    alive = sum(sim.now - t for t in born.values())
     assert result.held_units_s > 100.0
-    assert held == pytest.approx(result.held_units_s * h200.pool.units_per_pod, rel=1e-9)
+    assert result.held_units_s == pytest.approx(sum(lives) + alive, rel=1e-9)
 
 
 def test_shipped_venues_load_and_unknown_keys_are_rejected() -> None:
