@@ -17,7 +17,8 @@ builds, so the simulator runs the same experiment:
 Held capacity is the broker's ledger counter (``/v1/pools`` ``held_unit_seconds``) from just
 before the first session to when the pool has drained back to its floor after the last job,
 the simulator's definition; the always-on pool is the run's peak of jobs running at once
-(dispatch to finish, as the simulator's busy pods) for its makespan (first submission to last
+(dispatch to the answer, which comes once the pod is reset and released, as the simulator's
+busy pods) for its makespan (first submission to last
 completion).
 """
 

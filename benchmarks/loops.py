@@ -64,8 +64,10 @@ def _invoke(client: Client, fn: str, body: float, tag: str | None, rec: Recorder
         "start_s": (first - submitted) if first else None,
         "t0": t0,
         "t1": t1,
-        # dispatched -> done, as the simulator's busy pods (its always-on pool's peak)
-        "busy": (timings.get("started") or first, timings.get("finished") or t1) if first else None,
+        # dispatched -> answered, which the broker does only once the pod is reset and
+        # released: the pod's time taken by the job, as the simulator's busy pods (its
+        # always-on pool's peak)
+        "busy": (timings.get("started") or first, t1) if first else None,
     }
     with rec.lock:
         rec.jobs.append(row)
