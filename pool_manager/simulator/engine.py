@@ -228,9 +228,13 @@ class Simulation:
             queued = self.queued
             for lease in result.leases:
                 self._start(queued.pop(lease.job_id), lease)
+        # Pods created in one pass start together: each contends with all of them, not
+        # only with those created before it (``Venue.start_time``).
+        joining = sum(isinstance(a, CreatePod) for a in result.actions)
         for action in result.actions:
             if isinstance(action, CreatePod):
-                self._create(action)
+                joining -= 1
+                self._create(action, joining)
             else:
                 self._delete(action.name, action.reason)
 
@@ -247,7 +251,8 @@ class Simulation:
         self._push(job.first + job.body + v.job_overhead.sample(rng), _DONE, job)
 
     # -- the pod shell -------------------------------------------------------------------
-    def _create(self, action: CreatePod) -> None:
+    def _create(self, action: CreatePod, joining: int = 0) -> None:
+        """``joining``: the pods the same pass creates after this one."""
         name = f"p{next(self.pod_ids)}"
         spec = self.catalog.pools[action.sku]
         card = action.gpu
@@ -267,7 +272,8 @@ class Simulation:
         self.created += 1
         self.units = self.ledger.used(self.acc)
         self.starting += 1
-        self._push(self.now + self.venue.start_time(self.rng, self.starting), _READY, name)
+        start = self.venue.start_time(self.rng, self.starting + joining)
+        self._push(self.now + start, _READY, name)
 
     def _ready(self, name: str) -> None:
         self.starting -= 1

@@ -66,8 +66,9 @@ class Venue:
     start_phases: Mapping[str, Dist]
     """Create -> ready, phase by phase (summed); Table 1 for H200."""
     start_contention: float = 0.0
-    """Each other pod starting on the node at create time stretches this start by this
-    fraction (Table 1: 8 at once 47.5 s against 19.8 s for one)."""
+    """Each other pod starting on the node when this one is created, those created in the
+    same scheduler pass included, stretches this start by this fraction (Table 1: 8 at once
+    47.5 s against 19.8 s for one, so every pod of a burst of 8 is stretched 2.4×)."""
     tenant_wait: Dist = Dist(0.0, 0.0)
     """Extra create -> ready wait for node capacity beside other tenants' load (added once per
     pod, not stretched by contention); 0 on a dedicated node."""
@@ -119,7 +120,8 @@ class Venue:
         return self.pool.is_gpu
 
     def start_time(self, rng: random.Random, concurrent: int) -> float:
-        """One pod's create -> ready with ``concurrent`` pods (itself included) starting."""
+        """One pod's create -> ready with ``concurrent`` pods (itself and the others created
+        in its pass included) starting."""
         base = sum(d.sample(rng) for d in self.start_phases.values())
         stretch = 1.0 + self.start_contention * max(0, concurrent - 1)
         return base * stretch + self.tenant_wait.sample(rng)

@@ -117,7 +117,10 @@ def test_calibrate_into_a_new_file_writes_a_whole_venue(
     """Real local pods: the new file is the shipped local venue with the measured starts,
     contention and termination, and it loads."""
     out = tmp_path / "local-here.yaml"
-    assert simulate(["calibrate", "--pods", "2", "--burst", "2", "--out", str(out)]) == 0
+    assert (
+        simulate(["calibrate", "--pods", "2", "--burst", "2", "--rounds", "1", "--out", str(out)])
+        == 0
+    )
     venue = load_venue(str(out))
     assert venue.name == "local" and venue.budget == load_venue("local").budget
     assert 0 < venue.start_phases["spawn_to_healthz"].median < 30

@@ -74,9 +74,9 @@ def test_the_gpu_cap_is_never_exceeded() -> None:
     peak = 0
     real = sim._create
 
-    def create(action: Any) -> None:
+    def create(action: Any, joining: int = 0) -> None:
         nonlocal peak
-        real(action)
+        real(action, joining)
         peak = max(peak, sum(1 for n in sim.card_pods.values() if n))
 
     sim._create = create  # type: ignore[method-assign]
@@ -97,9 +97,9 @@ def test_held_pod_time_is_each_pods_life_from_create_to_gone(arm: str) -> None:
     lives: list[float] = []
     real_create, real_gone = sim._create, sim._gone
 
-    def create(action: Any) -> None:
+    def create(action: Any, joining: int = 0) -> None:
         before = {p.name for p in sim.tracker.pods()}
-        real_create(action)
+        real_create(action, joining)
         for pod in sim.tracker.pods():
             if pod.name not in before and pod.name not in born:
                 born[pod.name] = sim.now
