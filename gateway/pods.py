@@ -25,6 +25,19 @@ from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.pods")
 
+READY_PROBE_MIN_S = 0.005
+READY_PROBE_MAX_S = 0.2
+READY_PROBE_FRACTION = 0.1
+
+
+def ready_probe_delay(elapsed_s: float) -> float:
+    """The pause before the next readiness probe of a pod started ``elapsed_s`` ago: a tenth
+    of that, between 5 and 200 ms. So a pod is seen ready at most ~10% after it is (a local
+    pod's 0.35 s start: within ~35 ms), while a pod that takes 20 s is probed no more often
+    than 5 times a second. (A plain doubling from 5 ms to the same 200 ms cap saw a local
+    pod ready at 0.33 s only at the 0.52 s probe: +60% on every new pod.)"""
+    return min(READY_PROBE_MAX_S, max(READY_PROBE_MIN_S, READY_PROBE_FRACTION * elapsed_s))
+
 
 class PodManager:
     def __init__(
@@ -88,16 +101,17 @@ class PodManager:
             self.delete(name, "never became ready")
 
     async def wait_ready(self, name: str, endpoint: str) -> bool:
+        """Probe the agent until it answers (``ready_probe_delay`` apart), the pod is being
+        deleted, or ``ready_timeout_s`` has passed."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ready_timeout_s
-        delay = 0.005
+        start = loop.time()
+        deadline = start + self.ready_timeout_s
         while loop.time() < deadline:
             if name in self._deleting:
                 return False
             if await self.agents.health(endpoint, timeout=1.0) is not None:
                 return True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            await asyncio.sleep(ready_probe_delay(loop.time() - start))
         return False
 
     def delete(self, name: str, reason: str) -> None:
