@@ -99,7 +99,7 @@ def contention_per_pod(single_s: float, burst_s: float, burst: int) -> float:
     Pods created together start together: the simulator stretches every pod of a burst
     created in one pass by ``1 + c (burst - 1)`` (``Venue.start_time``), as measured here,
     where the pods of a burst all become ready at about the same time (on this machine's
-    2 cores, 8 pods at once: p50 1.55 s, p90 1.64 s in ``benchmarks.loops``' fresh W-RL)."""
+    2 cores, 8 pods at once in ``benchmarks.loops``' fresh W-RL: p50 1.65 s, p90 2.02 s)."""
     return max(0.0, (burst_s / single_s - 1.0) / (burst - 1))
 
 
