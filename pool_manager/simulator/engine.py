@@ -230,8 +230,9 @@ class Simulation:
                 self._start(queued.pop(lease.job_id), lease)
         # Pods created in one pass start together: each contends with all of them, not
         # only with those created before it (``Venue.start_time``).
-        joining = sum(isinstance(a, CreatePod) for a in result.actions)
-        for action in result.actions:
+        actions = result.actions
+        joining = sum(isinstance(a, CreatePod) for a in actions) if actions else 0
+        for action in actions:
             if isinstance(action, CreatePod):
                 joining -= 1
                 self._create(action, joining)
