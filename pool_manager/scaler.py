@@ -166,30 +166,22 @@ def _expired(view: PoolView, now: float) -> list[IdleGroup]:
     return [g for g in view.idle_groups if g.since + timeout <= now]
 
 
+_Grows = tuple[str, PoolView, list[IdleGroup], Mapping[str, int], int, tuple[int, ...]]
+"""One pool's inputs to ``plan`` and its terms with no budget headroom applied: ``(sku, view,
+expired idle groups, its queued owners, its queued pods, _arithmetic(...))``."""
+
+
 def _budget_shortfall(
-    pools: Mapping[str, PoolView],
-    queued: Mapping[str, int],
-    demand: Sequence[ClaimRequest],
-    now: float,
+    grows: Sequence[_Grows], queued: Mapping[str, int], pools: Mapping[str, PoolView],
     ledger: BudgetLedger,
-) -> dict[str, int]:
-    """Units per accelerator that its pools would add this pass beyond the budget's
-    headroom and what its retiring groups will free: what budget reclaim may free."""
+) -> dict[str, int]:  # fmt: skip
+    """Units per accelerator that its pools with queued jobs would add this pass beyond the
+    budget's headroom and what its retiring groups will free: what budget reclaim may free."""
     want: dict[str, int] = {}
-    by_owner: dict[str, dict[str, int]] | None = None
-    for sku, n in queued.items():
-        view = pools.get(sku)
-        if view is None:
-            continue
-        spec = view.spec
-        owners = _NO_OWNERS
-        if view.held_by_owner:
-            if by_owner is None:
-                by_owner = _queued_by_owner(demand)
-            owners = by_owner.get(sku, _NO_OWNERS)
-        add = _arithmetic(view, n, owners, len(_expired(view, now)), None)[_ADD]
-        if add:
-            want[spec.accelerator] = want.get(spec.accelerator, 0) + add * spec.units_per_pod
+    for sku, view, _, _, _, t in grows:
+        if t[_ADD] and sku in queued:
+            spec = view.spec
+            want[spec.accelerator] = want.get(spec.accelerator, 0) + t[_ADD] * spec.units_per_pod
     short: dict[str, int] = {}
     for accelerator, units in want.items():
         free = ledger.headroom(accelerator)
@@ -216,11 +208,9 @@ def plan(
     waiting: set[str] | None = None  # built once a pool breaks holds
     actions: list[Action] = []
     pools = snapshot.pools
-    short = _budget_shortfall(pools, queued, demand, now, ledger) if len(pools) > 1 else {}
+    grows: list[_Grows] = []  # every pool's terms first: budget reclaim needs them all
     for sku in sorted(pools) if len(pools) > 1 else pools:
         view = pools[sku]
-        spec = view.spec
-        accelerator, units = spec.accelerator, spec.units_per_pod
         expired = _expired(view, now)
         owners = _NO_OWNERS
         if view.held_by_owner and sku in queued:
@@ -228,7 +218,14 @@ def plan(
                 by_owner = _queued_by_owner(demand)
             owners = by_owner.get(sku, _NO_OWNERS)
         n = queued.get(sku, 0)
-        t = grows = _arithmetic(view, n, owners, len(expired), None)
+        grows.append(
+            (sku, view, expired, owners, n, _arithmetic(view, n, owners, len(expired), None))
+        )
+    short = _budget_shortfall(grows, queued, pools, ledger) if len(pools) > 1 else {}
+    for sku, view, expired, owners, n, unbounded in grows:
+        spec = view.spec
+        accelerator, units = spec.accelerator, spec.units_per_pod
+        t = unbounded
         # The headroom (>= 0) only caps ``add``: with no pod to add it changes no term, so
         # the ledger is asked (and, when it has a budget, locked) only when a pool would grow.
         if t[_ADD] and ledger.budget(accelerator) is not None:
@@ -241,9 +238,9 @@ def plan(
             actions.append(CreatePod(sku))
         remove = t[_REMOVE]
         reclaim = 0
-        if short.get(accelerator, 0) > 0 and not grows[_ADD] and len(expired) > remove:
+        if short.get(accelerator, 0) > 0 and not unbounded[_ADD] and len(expired) > remove:
             # Budget reclaim, in a pool that would not grow even with budget to spare (so
-            # ``t`` is ``grows`` and ``remove`` never exceeds this): the idle cap alone
+            # ``t`` is ``unbounded`` and ``remove`` never exceeds this): the idle cap alone
             # retains no expired group here.
             uncapped = _arithmetic(view, n, owners, len(expired), None, keep_idle=False)[_REMOVE]
             per = max(1, units)
