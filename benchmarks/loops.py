@@ -165,6 +165,9 @@ def main(argv: list[str]) -> int:
     bad = [a for a in arms if a not in ("reuse-on", "reuse-off", "fresh")]
     if bad or not arms:
         p.error(f"unknown arm {bad[0]!r}" if bad else "--arms names no arm")
+    twice = [a for i, a in enumerate(arms) if a in arms[:i]]
+    if twice:
+        p.error(f"arm {twice[0]!r} is named twice")
     for flag, value, least in (("--repeats", args.repeats, 1), ("--agents", args.agents, 1),
                                ("--cap", args.cap, 1), ("--settle", args.settle, 0),
                                ("--hold", args.hold, 0)):  # fmt: skip

@@ -73,7 +73,15 @@ def parse_arm(name: str) -> Arm:
 
 
 def arm_names(spec: str) -> list[Arm]:
-    return [parse_arm(n.strip()) for n in spec.split(",") if n.strip()]
+    """The arms of a comma-separated list, in order. Raises ``ValueError`` for an unknown
+    arm or one named twice (its paired effect against itself would be meaningless)."""
+    arms = [parse_arm(n.strip()) for n in spec.split(",") if n.strip()]
+    seen: set[str] = set()
+    for arm in arms:
+        if arm.name in seen:
+            raise ValueError(f"arm {arm.name!r} is named twice in {spec!r}")
+        seen.add(arm.name)
+    return arms
 
 
 def env_sku(venue: Venue, arm: Arm, env: int) -> str:

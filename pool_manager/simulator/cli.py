@@ -115,8 +115,13 @@ def main(argv: list[str]) -> int:
         return calibrate_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.report is not None:
-        from pool_manager.simulator.report import write_report
+        from pool_manager.simulator.report import report_dir, write_report
 
+        try:
+            report_dir(args.report)
+        except ValueError as exc:  # a DIR that cannot be made or written
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return write_report(args.report, quick=args.quick, seed=args.seed, workers=args.workers)
     try:
         venue = with_dispatch(load_venue(args.venue), args.dispatch)

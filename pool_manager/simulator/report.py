@@ -8,6 +8,7 @@ except the paper's own values, shown beside ours for comparison.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -245,13 +246,25 @@ class _Bar(tqdm):
     monitor_interval = 0
 
 
+def report_dir(directory: str) -> Path:
+    """Make ``directory`` (and its parents) for a report. Raises ``ValueError`` naming it if
+    it cannot be made or written, so a bad ``--report`` fails before a minute of studies."""
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--report {directory}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"--report {directory}: not writable")
+    return out
+
+
 def write_report(
     directory: str, quick: bool = False, seed: int = 1, workers: int = 1, progress: bool = True
 ) -> int:
     """Run every study into ``directory``; ``progress`` draws a bar on stderr, one step per
     acceptance row, sensitivity study and figure (about a minute in all on 2 cores)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(directory)
     t0 = time.perf_counter()
     repeats = 3 if quick else 10
     seeds = 1 if quick else 3

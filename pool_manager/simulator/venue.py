@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from functions.errors import InvalidRequest
 from pool_manager.catalog import TAG_MODES, PoolSpec
 
 VENUE_DIR = Path(__file__).resolve().parent / "venues"
@@ -46,13 +47,6 @@ class Dist:
         if s == 0.0:
             return self.median
         return self.median * math.exp(rng.gauss(0.0, s))
-
-    @classmethod
-    def parse(cls, raw: Any) -> Dist:
-        if isinstance(raw, int | float):
-            return cls(float(raw), float(raw))
-        median = float(raw["median"])
-        return cls(median, float(raw.get("p90", median)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,30 +137,64 @@ _TOP = {
 
 
 def venue_from_mapping(data: Mapping[str, Any]) -> Venue:
+    """A ``Venue`` from a venue file's parsed YAML. Raises ``ValueError`` naming the first
+    missing or unknown key and the first value of the wrong type or out of range (the same
+    checks as ``--set``; the pool's knobs are checked by ``PoolSpec``, as the broker's)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a venue is a mapping of keys, not {type(data).__name__}")
     unknown = set(data) - _TOP
     if unknown:
-        raise ValueError(f"unknown venue key {sorted(unknown)[0]!r}")
-    pool_raw = dict(data["pool"])
+        raise ValueError(f"unknown venue key {sorted(unknown, key=str)[0]!r}")
+    missing = [key for key in ("name", "pool", "budget", "start_phases") if key not in data]
+    if missing:
+        raise ValueError(f"missing venue key {missing[0]!r}")
+    pool_raw = _mapping("pool", data["pool"])
     bad = set(pool_raw) - _POOL_KEYS
     if bad:
-        raise ValueError(f"unknown pool key {sorted(bad)[0]!r}")
-    pool = PoolSpec(**pool_raw)
-    kw: dict[str, Any] = {"name": str(data["name"]), "pool": pool, "budget": int(data["budget"])}
-    kw["start_phases"] = {str(k): Dist.parse(v) for k, v in data["start_phases"].items()}
-    for key in ("termination", "handoff", "first_instruction", "tenant_wait", "job_overhead"):
+        raise ValueError(f"unknown pool key {sorted(bad, key=str)[0]!r}")
+    if "sku" not in pool_raw:
+        raise ValueError("missing pool key 'sku'")
+    try:
+        pool = PoolSpec(**pool_raw)
+    except InvalidRequest as exc:  # the broker's own check of each knob
+        raise ValueError(str(exc)) from None
+    kw: dict[str, Any] = {"name": str(data["name"]), "pool": pool}
+    phases = _mapping("start_phases", data["start_phases"])
+    kw["start_phases"] = {str(k): _yaml_dist(f"start_phases.{k}", v) for k, v in phases.items()}
+    for key in _DIST_KEYS:
         if key in data:
-            kw[key] = Dist.parse(data[key])
-    for key in ("start_contention", "accept_s", "dispatch_s", "reset_s", "tick_s", "reconcile_s"):
+            kw[key] = _yaml_dist(key, data[key])
+    for key in _FLOAT_KEYS:
         if key in data:
-            kw[key] = float(data[key])
+            kw[key] = _number(key, data[key], float)
+    for key in _INT_KEYS:
+        if key in data:
+            kw[key] = int(_number(key, data[key], int))
     if "dispatch_mode" in data:
         if data["dispatch_mode"] not in ("event", "tick"):
-            raise ValueError("dispatch_mode is 'event' or 'tick'")
+            raise ValueError(f"dispatch_mode: 'event' or 'tick', not {data['dispatch_mode']!r}")
         kw["dispatch_mode"] = str(data["dispatch_mode"])
-    if "gpus_per_node" in data:
-        kw["gpus_per_node"] = int(data["gpus_per_node"])
-    kw["notes"] = {str(k): str(v) for k, v in (data.get("notes") or {}).items()}
+    notes = _mapping("notes", data.get("notes") or {})
+    kw["notes"] = {str(k): str(v) for k, v in notes.items()}
     return Venue(**kw)
+
+
+def _mapping(key: str, raw: object) -> Mapping[Any, Any]:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{key}: a mapping of keys, not {raw!r}")
+    return raw
+
+
+def _yaml_dist(key: str, raw: object) -> Dist:
+    """A duration as a venue file writes it: a number (a constant) or ``{median, p90}``."""
+    if not isinstance(raw, Mapping):
+        m = _number(key, raw, float)
+        return Dist(m, m)
+    extra = set(raw) - {"median", "p90"}
+    if extra or "median" not in raw:
+        raise ValueError(f"{key}: a number or {{median, p90}}, not {dict(raw)!r}")
+    m = _number(key, raw["median"], float)
+    return _checked_dist(key, m, _number(key, raw["p90"], float) if "p90" in raw else m)
 
 
 def venue_names() -> list[str]:
@@ -174,13 +202,29 @@ def venue_names() -> list[str]:
 
 
 def load_venue(name_or_path: str) -> Venue:
-    """A shipped venue by name (``h200``, ``prod-cpu``, ``local``) or a YAML file path."""
+    """A shipped venue by name (``h200``, ``prod-cpu``, ``local``) or a YAML file path.
+    Raises ``ValueError`` naming the file and, for a bad venue, the key: an unknown name, a
+    path that is not a readable file, YAML that does not parse, a missing, unknown or
+    out-of-range key."""
     path = Path(name_or_path)
-    if not path.suffix:
+    if not path.suffix and "/" not in name_or_path:
         path = VENUE_DIR / f"{name_or_path}.yaml"
-    if not path.exists():
-        raise ValueError(f"unknown venue {name_or_path!r}; shipped: {', '.join(venue_names())}")
-    return venue_from_mapping(yaml.safe_load(path.read_text()))
+        if not path.exists():
+            shipped = ", ".join(venue_names())
+            raise ValueError(f"unknown venue {name_or_path!r}; shipped: {shipped} or a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"venue file {str(path)!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ValueError(f"venue file {str(path)!r} is not valid YAML{where}: {problem}") from None
+    try:
+        return venue_from_mapping(data)
+    except ValueError as exc:
+        raise ValueError(f"venue file {str(path)!r}: {exc}") from None
 
 
 _DIST_KEYS = ("termination", "handoff", "first_instruction", "tenant_wait", "job_overhead")
@@ -190,24 +234,36 @@ _POOL_SETTINGS = ("min_count", "max_idle_count", "max_count", "idle_timeout_s", 
                   "step", "tag_mode", "standbys_per_active", "hold_min_tenure_s")  # fmt: skip
 
 
-def _number(key: str, text: str, kind: type[int] | type[float]) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
+def _number(key: str, raw: object, kind: type[int] | type[float]) -> float:
+    """``raw`` (a ``--set`` text or a venue file's value) as a finite ``kind`` >= 0; else
+    ``ValueError`` naming ``key``. A YAML ``true`` or a fractional integer is refused, not
+    read as 1 or truncated."""
+    value: float | None = None
+    if isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        try:
+            value = kind(raw)
+        except (ValueError, OverflowError):  # int("2.5"), int(inf)
+            value = None
+        if kind is int and isinstance(raw, float) and not raw.is_integer():
+            value = None
+    if value is None:
         what = "an integer" if kind is int else "a number"
-        raise ValueError(f"--set {key}: {text!r} is not {what}") from None
+        raise ValueError(f"{key}: {raw!r} is not {what}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"--set {key}: {text!r} must be a finite number >= 0")
+        raise ValueError(f"{key}: {raw!r} must be a finite number >= 0")
     return value
+
+
+def _checked_dist(key: str, median: float, p90: float) -> Dist:
+    if p90 < median:
+        raise ValueError(f"{key}: p90 {p90:g} is below the median {median:g}")
+    return Dist(median, p90)
 
 
 def _dist(key: str, text: str) -> Dist:
     median, _, p90 = text.partition("/")
     m = _number(key, median, float)
-    q = _number(key, p90, float) if p90 else m
-    if q < m:
-        raise ValueError(f"--set {key}: p90 {q:g} is below the median {m:g}")
-    return Dist(m, q)
+    return _checked_dist(key, m, _number(key, p90, float) if p90 else m)
 
 
 def with_settings(venue: Venue, settings: Sequence[str]) -> Venue:
@@ -221,12 +277,13 @@ def with_settings(venue: Venue, settings: Sequence[str]) -> Venue:
         key, text = key.strip(), text.strip()
         if not sep or not key or not text:
             raise ValueError(f"--set takes KEY=VALUE, not {item!r}")
+        label = f"--set {key}"
         if key in _DIST_KEYS:
-            venue = venue.with_(**{key: _dist(key, text)})
+            venue = venue.with_(**{key: _dist(label, text)})
         elif key in _FLOAT_KEYS:
-            venue = venue.with_(**{key: _number(key, text, float)})
+            venue = venue.with_(**{key: _number(label, text, float)})
         elif key in _INT_KEYS:
-            venue = venue.with_(**{key: int(_number(key, text, int))})
+            venue = venue.with_(**{key: int(_number(label, text, int))})
         elif key == "dispatch_mode":
             if text not in ("event", "tick"):
                 raise ValueError("--set dispatch_mode: 'event' or 'tick'")
@@ -238,7 +295,7 @@ def with_settings(venue: Venue, settings: Sequence[str]) -> Venue:
                 raise ValueError(
                     f"--set {key}: {venue.name} has no start phase {phase!r} ({known})"
                 )
-            venue = replace(venue, start_phases={**venue.start_phases, phase: _dist(key, text)})
+            venue = replace(venue, start_phases={**venue.start_phases, phase: _dist(label, text)})
         elif key.startswith("pool.") and key.removeprefix("pool.") in _POOL_SETTINGS:
             venue = venue.with_pool(**{key.removeprefix("pool."): _pool_value(venue, key, text)})
         else:
@@ -256,6 +313,7 @@ def _pool_value(venue: Venue, key: str, text: str) -> object:
             raise ValueError(f"--set {key}: one of {', '.join(TAG_MODES)}")
         return text
     if name == "caller_hold_s":
-        return None if text == "none" else _number(key, text, float)
+        return None if text == "none" else _number(f"--set {key}", text, float)
     seconds = name.endswith("_s")  # a YAML ``900`` keep-alive is still a duration
-    return _number(key, text, int if isinstance(current, int) and not seconds else float)
+    kind = int if isinstance(current, int) and not seconds else float
+    return _number(f"--set {key}", text, kind)
