@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
+from pool_manager.simulator.venue import check_venue_target, save_venue
 
 NOOP = Path(__file__).resolve().parent.parent / "examples" / "functions" / "noop"
 CATALOG = (
@@ -165,7 +166,7 @@ def write_venue(path: Path, result: dict[str, Any]) -> None:
     notes["first_instruction"] = f"{how}, agent -> the function's first instruction"
     notes["reset_s"] = f"{how}, exit -> answered (commit, reset, release; p50)"
     data["notes"] = notes
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    save_venue(path, data)
 
 
 def main() -> None:
@@ -184,8 +185,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.calls < 10 or args.warmup < 0 or args.new_pod_calls < 1:
         parser.error("need --calls >= 10 (a p90), --warmup >= 0 and --new-pod-calls >= 1")
-    if args.write_venue is not None and not args.write_venue.is_file():
-        parser.error(f"--write-venue: no venue file {args.write_venue}")
+    if args.write_venue is not None:
+        try:  # an existing venue: only the warm path's constants are measured here
+            check_venue_target(args.write_venue, new_ok=False)
+        except ValueError as exc:
+            parser.error(f"--write-venue: {exc}")
     result = run(args.calls, args.warmup, args.new_pod_calls, progress=not args.json)
     if args.write_venue is not None:
         write_venue(args.write_venue, result)

@@ -23,7 +23,7 @@ import yaml
 
 from pool_manager.backends.local import LocalBackend
 from pool_manager.catalog import PoolSpec
-from pool_manager.simulator.venue import VENUE_DIR
+from pool_manager.simulator.venue import VENUE_DIR, check_venue_target, save_venue
 
 
 def _healthy(endpoint: str) -> bool:
@@ -124,8 +124,12 @@ def main(argv: list[str]) -> int:
             f"--pods and --burst must be at least 2 and --rounds 1, not {args.pods}, "
             f"{args.burst} and {args.rounds}"
         )
-    got = asyncio.run(measure(args.pods, args.burst, args.rounds))
     out = Path(args.out)
+    try:
+        check_venue_target(out)
+    except ValueError as exc:
+        p.error(f"--out: {exc}")
+    got = asyncio.run(measure(args.pods, args.burst, args.rounds))
     base = out if out.exists() else VENUE_DIR / "local.yaml"  # a new file: the shipped one's rest
     data: dict[str, Any] = yaml.safe_load(base.read_text())
     single = float(np.median(got["single"]))
@@ -146,7 +150,7 @@ def main(argv: list[str]) -> int:
     )
     notes["termination"] = f"measured {stamp}: delete -> processes gone"
     data["notes"] = notes
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    save_venue(out, data)
     print(f"create->ready median {single:.3f} s, {args.burst} at once {burst:.3f} s "
           f"(contention {contention:.3f} per pod), "
           f"termination median {np.median(got['termination']):.3f} s -> {out}")  # fmt: skip

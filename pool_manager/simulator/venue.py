@@ -13,7 +13,9 @@ Pure data and sampling; the event loop owns the random streams.
 from __future__ import annotations
 
 import math
+import os
 import random
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -202,16 +204,22 @@ def venue_names() -> list[str]:
 
 
 def load_venue(name_or_path: str) -> Venue:
-    """A shipped venue by name (``h200``, ``prod-cpu``, ``local``) or a YAML file path.
-    Raises ``ValueError`` naming the file and, for a bad venue, the key: an unknown name, a
-    path that is not a readable file, YAML that does not parse, a missing, unknown or
-    out-of-range key."""
+    """A shipped venue by name (``h200``, ``prod-cpu``, ``local``) or a YAML file path
+    (one with a suffix or a ``/``). Raises ``ValueError`` for an unknown name, and as
+    ``load_venue_file`` for a file."""
     path = Path(name_or_path)
     if not path.suffix and "/" not in name_or_path:
         path = VENUE_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             shipped = ", ".join(venue_names())
             raise ValueError(f"unknown venue {name_or_path!r}; shipped: {shipped} or a YAML file")
+    return load_venue_file(path)
+
+
+def load_venue_file(path: Path) -> Venue:
+    """The venue in ``path``. Raises ``ValueError`` naming the file and, for a bad venue,
+    the key: a path that is not a readable file, YAML that does not parse, a missing,
+    unknown or out-of-range key."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -225,6 +233,41 @@ def load_venue(name_or_path: str) -> Venue:
         return venue_from_mapping(data)
     except ValueError as exc:
         raise ValueError(f"venue file {str(path)!r}: {exc}") from None
+
+
+def check_venue_target(path: Path, new_ok: bool = True) -> None:
+    """Before a measurement that rewrites ``path``: an existing file must be a valid venue
+    (its other constants are kept) and writable; a new one (only if ``new_ok``) needs a
+    writable folder. Raises ``ValueError`` naming the file, so a bad target fails before
+    minutes of measuring, not after."""
+    if path.exists():
+        load_venue_file(path)
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"venue file {str(path)!r}: not writable")
+        return
+    if not new_ok:
+        raise ValueError(f"venue file {str(path)!r}: No such file or directory")
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ValueError(f"venue file {str(path)!r}: no writable folder {str(folder)!r}")
+
+
+def save_venue(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` (a venue file's mapping) to ``path`` as YAML, keys in order. Checked
+    first (``ValueError`` naming the key), then written to a temporary file in the same
+    folder and renamed over ``path``: a crash leaves the old file whole, never half."""
+    venue_from_mapping(data)
+    text = yaml.safe_dump(dict(data), sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 _DIST_KEYS = ("termination", "handoff", "first_instruction", "tenant_wait", "job_overhead")

@@ -11,7 +11,13 @@ import yaml
 
 from pool_manager.simulator.arms import arm_names
 from pool_manager.simulator.cli import main as simulate
-from pool_manager.simulator.venue import VENUE_DIR, Dist, load_venue
+from pool_manager.simulator.venue import (
+    VENUE_DIR,
+    Dist,
+    check_venue_target,
+    load_venue,
+    save_venue,
+)
 
 H200 = yaml.safe_load((VENUE_DIR / "h200.yaml").read_text())
 
@@ -118,3 +124,30 @@ def test_a_report_directory_that_cannot_be_made_fails_before_any_study(
     err = capsys.readouterr().err
     assert f"--report {a_file}: File exists" in err
     assert f"--report {a_file / 'below'}: Not a directory" in err
+
+
+def test_a_measurement_refuses_a_target_it_could_not_write_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``calibrate --out`` exits 2 in a moment, not after half a minute of pod starts."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_edited(budget="two")))
+    for out in (bad, tmp_path / "no-folder" / "local.yaml"):
+        with pytest.raises(SystemExit) as exc:
+            simulate(["calibrate", "--pods", "2", "--burst", "2", "--out", str(out)])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "budget: 'two' is not an integer" in err and "no writable folder" in err
+    with pytest.raises(ValueError, match="No such file"):
+        check_venue_target(tmp_path / "new.yaml", new_ok=False)
+    check_venue_target(tmp_path / "new.yaml")  # calibrate may start a new file
+
+
+def test_saving_a_venue_checks_it_and_never_leaves_half_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "local.yaml"
+    save_venue(path, H200)
+    assert load_venue(str(path)) == load_venue("h200")
+    before = path.read_text()
+    with pytest.raises(ValueError, match="termination: p90 1 is below the median 2"):
+        save_venue(path, _edited(termination={"median": 2, "p90": 1}))
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["local.yaml"]
