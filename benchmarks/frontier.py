@@ -40,6 +40,7 @@ import yaml
 from tqdm import tqdm
 
 from benchmarks.loops import FN_DIR, Recorder, _held_unit_seconds, _invoke, peak_concurrency
+from benchmarks.run_log import RunLog
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
@@ -199,6 +200,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--scale", type=float, default=0.05, help="multiply every workload delay")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--log",
+        metavar="FILE",
+        default=None,
+        help="append each finished run to FILE (JSON lines) and skip the runs it already "
+        "holds: a crash loses only the run in flight, and a larger --repeats extends it",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -210,22 +218,38 @@ def main(argv: list[str]) -> int:
     if not arms or args.repeats < 1 or not args.scale > 0:
         p.error("need an arm, --repeats >= 1 and a positive --scale")
     venue = load_venue("local")
-    runs: dict[str, list[dict[str, Any]]] = {a.name: [] for a in arms}
+    campaign = {"benchmark": "frontier", "arms": [a.name for a in arms],
+                "pattern": args.pattern, "rate": args.rate, "duration": args.duration,
+                "callers": args.callers, "scale": args.scale, "seed": args.seed,
+                "venue": dataclasses.asdict(venue.pool)}  # fmt: skip
+    try:
+        log = RunLog(Path(args.log), campaign) if args.log else None
+    except ValueError as exc:
+        p.error(str(exc))
+    done: dict[tuple[int, str], dict[str, Any]] = dict(log.done) if log else {}
+    plan = [(r, arm.name) for r in range(args.repeats) for arm in arms]
     t0 = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="firepool-frontier-") as tmp,
-        tqdm(total=args.repeats * len(arms), desc="frontier", unit="run", file=sys.stderr) as bar,
+        tqdm(total=len(plan), desc="frontier", unit="run", file=sys.stderr) as bar,
     ):
-        for r in range(args.repeats):
-            for i, arm in enumerate(arms):
-                bar.set_postfix_str(f"repeat {r + 1} {arm.name}")
-                home = Path(tmp) / f"r{r}-{i}"
-                run = run_arm(build_catalog(venue, arm), workload, args.seed + r, args.scale, home)
-                runs[arm.name].append(run)
-                bar.update()
-                rel = run["held_pod_s"] / run["always_on_s"] if run["always_on_s"] else float("nan")
-                bar.write(f"repeat {r + 1} {arm.name}: {run['jobs']} jobs, held {rel:.2f}x "
-                          f"always-on, {run['failed']} failed", file=sys.stderr)  # fmt: skip
+        todo = [key for key in plan if key not in done]
+        if len(todo) < len(plan):  # a resumed campaign
+            bar.update(len(plan) - len(todo))
+            bar.write(f"{len(plan) - len(todo)} runs from {args.log}", file=sys.stderr)
+        for r, name in todo:
+            arm = next(a for a in arms if a.name == name)
+            bar.set_postfix_str(f"repeat {r + 1} {name}")
+            home = Path(tmp) / f"r{r}-{name}"
+            run = run_arm(build_catalog(venue, arm), workload, args.seed + r, args.scale, home)
+            if log is not None:
+                log.add(r, name, run)
+            done[(r, name)] = run
+            bar.update()
+            rel = run["held_pod_s"] / run["always_on_s"] if run["always_on_s"] else float("nan")
+            bar.write(f"repeat {r + 1} {name}: {run['jobs']} jobs, held {rel:.2f}x "
+                      f"always-on, {run['failed']} failed", file=sys.stderr)  # fmt: skip
+    runs = {a.name: [done[(r, a.name)] for r in range(args.repeats)] for a in arms}
     out = {"arms": summarize(runs), "pattern": args.pattern, "rate": args.rate,
            "duration_s": args.duration, "callers": args.callers, "scale": args.scale,
            "repeats": args.repeats, "wall_s": time.perf_counter() - t0}  # fmt: skip

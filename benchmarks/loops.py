@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from benchmarks.run_log import RunLog
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
@@ -159,6 +160,13 @@ def main(argv: list[str]) -> int:
         help="pause between arms so the previous arm's owner holds expire",
     )
     p.add_argument("--home", default=None, help="keep the broker's state (and broker.log) here")
+    p.add_argument(
+        "--log",
+        metavar="FILE",
+        default=None,
+        help="append each finished run to FILE (JSON lines) and skip the runs it already "
+        "holds: a crash loses only the run in flight, and a larger --repeats extends it",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -176,35 +184,34 @@ def main(argv: list[str]) -> int:
     if not args.scale > 0:
         p.error(f"--scale must be positive, not {args.scale:g}")
     workload = Workload(args.workload, agents=args.agents)
-    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    campaign = {"benchmark": "loops", "workload": args.workload, "arms": arms,
+                "agents": args.agents, "scale": args.scale, "cap": args.cap, "seed": args.seed,
+                "hold": args.hold, "settle": args.settle}  # fmt: skip
+    try:
+        log = RunLog(Path(args.log), campaign) if args.log else None
+    except ValueError as exc:
+        p.error(str(exc))
+    done: dict[tuple[int, str], dict[str, Any]] = dict(log.done) if log else {}
+    plan = [(r, arm) for r in range(args.repeats)
+            for arm in arms[r % len(arms) :] + arms[: r % len(arms)]]  # fmt: skip
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="firepool-loops-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="firepool-loops-") as tmp,
+        tqdm(total=len(plan), desc=args.workload, unit="run", file=sys.stderr) as bar,
+    ):
+        todo = [key for key in plan if key not in done]
+        if len(todo) < len(plan):  # a resumed campaign
+            bar.update(len(plan) - len(todo))
+            bar.write(f"{len(plan) - len(todo)} runs from {args.log}", file=sys.stderr)
         home = Path(args.home) if args.home else Path(tmp)
-        server = start_broker(home, CATALOG % {"cap": args.cap, "hold": args.hold})
-        try:
-            with server.client("deployer", Role.DEPLOY) as fp:
-                fp.deploy(FN_DIR, name="sleep", sku="cpu", entrypoint="sleeper:run")
-                fp.deploy(FN_DIR, name="sleep-fresh", sku="cpu", entrypoint="sleeper:run",
-                          single_use=True)  # fmt: skip
-            with tqdm(total=args.repeats * len(arms), desc=args.workload, unit="run",
-                      file=sys.stderr) as bar:  # fmt: skip
-                for r in range(args.repeats):
-                    order = arms[r % len(arms) :] + arms[: r % len(arms)]
-                    for arm in order:
-                        # Without the pause, the previous arm's callers still hold their pods: on a
-                        # full ceiling the next arm waits for hold breaking (60 s minimum tenure).
-                        bar.set_postfix_str(f"repeat {r + 1} {arm}: settling")
-                        time.sleep(args.settle)
-                        bar.set_postfix_str(f"repeat {r + 1} {arm}")
-                        run = run_arm(server, workload, arm, args.seed + r, r, args.scale)
-                        runs[arm].append(run)
-                        bar.update()
-                        bar.write(f"repeat {r + 1} {arm}: makespan {run['makespan_s']:.2f} s, "
-                                  f"held {run['held_pod_s']:.1f} pod-s, {run['failed']} failed",
-                                  file=sys.stderr)  # fmt: skip
-        finally:
-            server.stop()
-            kill_pods(home)
+        if todo:
+            server = start_broker(home, CATALOG % {"cap": args.cap, "hold": args.hold})
+            try:
+                _run_campaign(server, workload, todo, args, log, done, bar)
+            finally:
+                server.stop()
+                kill_pods(home)
+    runs = {a: [done[(r, a)] for r in range(args.repeats)] for a in arms}
     out = summarize(runs, arms)
     out.update(workload=args.workload, scale=args.scale, repeats=args.repeats,
                agents=args.agents if args.workload == "w-agent" else None,
@@ -219,6 +226,36 @@ def main(argv: list[str]) -> int:
                   f"start p50 {p50:.3f} s p90 {p90:.3f} s, held {s['held_pod_s']:.1f} pod-s "
                   f"({s['held_vs_always_on']:.2f}x always-on), paths {s['paths']}")  # fmt: skip
     return 0
+
+
+def _run_campaign(
+    server: BrokerServer,
+    workload: Workload,
+    todo: list[tuple[int, str]],
+    args: argparse.Namespace,
+    log: RunLog | None,
+    done: dict[tuple[int, str], dict[str, Any]],
+    bar: tqdm[Any],
+) -> None:
+    """Run ``todo`` ((repeat, arm) in order) on ``server``, each into ``done`` and the log."""
+    with server.client("deployer", Role.DEPLOY) as fp:
+        fp.deploy(FN_DIR, name="sleep", sku="cpu", entrypoint="sleeper:run")
+        fp.deploy(FN_DIR, name="sleep-fresh", sku="cpu", entrypoint="sleeper:run",
+                  single_use=True)  # fmt: skip
+    for r, arm in todo:
+        # Without the pause, the previous arm's callers still hold their pods: on a full
+        # ceiling the next arm waits for hold breaking (60 s minimum tenure).
+        bar.set_postfix_str(f"repeat {r + 1} {arm}: settling")
+        time.sleep(args.settle)
+        bar.set_postfix_str(f"repeat {r + 1} {arm}")
+        run = run_arm(server, workload, arm, args.seed + r, r, args.scale)
+        if log is not None:
+            log.add(r, arm, run)
+        done[(r, arm)] = run
+        bar.update()
+        bar.write(f"repeat {r + 1} {arm}: makespan {run['makespan_s']:.2f} s, "
+                  f"held {run['held_pod_s']:.1f} pod-s, {run['failed']} failed",
+                  file=sys.stderr)  # fmt: skip
 
 
 def _median_of(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
