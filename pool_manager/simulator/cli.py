@@ -1,9 +1,10 @@
-"""``firepool simulate``: paired simulated repeats, the paper reproduction, venue calibration.
+"""``firepool simulate``: paired simulated repeats, the paper reproduction, venue calibration:
 
-    firepool simulate --venue h200 --workload w-agent --arms reuse-on,reuse-off,fresh \
-        --repeats 10 --json
+    firepool simulate --venue h200 --workload w-agent --arms reuse-on,reuse-off,fresh --json
     firepool simulate --report DIR          # every table and figure reproduced, with plots
     firepool simulate calibrate [--out F]   # measure the local venue on this machine
+
+Every flag below is checked (exit 2 naming it); docs/simulator.md has the details.
 """
 
 from __future__ import annotations
@@ -28,18 +29,34 @@ from pool_manager.simulator.experiment import (
 from pool_manager.simulator.venue import load_venue, venue_names, with_settings
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default after its help."""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="firepool simulate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--venue", default="h200", help=f"one of {', '.join(venue_names())} or a YAML")
-    p.add_argument("--workload", default="w-agent", choices=WORKLOADS)
+                                formatter_class=_Help)  # fmt: skip
+    p.add_argument(
+        "--venue",
+        default="h200",
+        help=f"one of {', '.join(venue_names())}, or a venue YAML file (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--workload",
+        default="w-agent",
+        choices=WORKLOADS,
+        help="the paper's agent or RL loop, the standby benchmark (one caller's sequential "
+        "jobs), or open-loop agent or RL sessions (--pattern, --rate, --duration, --envs)",
+    )
     p.add_argument(
         "--arms",
         default="reuse-on,reuse-off,fresh",
-        help="comma-separated; the first is the reference for paired effects",
+        help="comma-separated; the first is the reference for paired effects. reuse-on, "
+        "reuse-off, fresh, standby-on, standby-off, shared, per-env, per-env-split, "
+        "ka<keep-alive s>, f<floor>-c<idle cap>-ka<keep-alive s>",
     )
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=10, help="paired repeats per arm")
+    p.add_argument("--seed", type=int, default=1, help="first repeat's seed (repeat i: seed+i)")
     p.add_argument("--agents", type=int, default=4, help="W-Agent concurrent agents")
     p.add_argument("--jobs", type=int, default=30, help="standby benchmark: sequential jobs")
     p.add_argument(
@@ -65,7 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--body", type=float, default=None, help="fixed job body length (s)")
     p.add_argument("--think", type=float, default=None, help="fixed think time (s)")
-    p.add_argument("--pattern", default="steady", choices=("steady", "bursty", "diurnal"))
+    p.add_argument(
+        "--pattern",
+        default="steady",
+        choices=("steady", "bursty", "diurnal"),
+        help="session arrivals: constant, a quarter of each hour at 3.4x, or a sinusoid",
+    )
     p.add_argument("--rate", type=float, default=0.02, help="session arrivals per second")
     p.add_argument("--duration", type=float, default=7200.0, help="arrival window (s)")
     p.add_argument("--envs", type=int, default=1, help="distinct environments (Zipf s=1)")
