@@ -46,6 +46,7 @@ from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pool_manager.catalog import Catalog
 from pool_manager.simulator.arms import arm_names, build_catalog
+from pool_manager.simulator.cli import HelpFormatter
 from pool_manager.simulator.experiment import Workload
 from pool_manager.simulator.venue import load_venue
 from pool_manager.simulator.workloads import Batch, Program, Spawn
@@ -190,16 +191,26 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.frontier", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("--arms", default="ka3,f1-c2-ka3,ka45",
                    help="simulator arm names, keep-alives in compressed seconds")  # fmt: skip
-    p.add_argument("--pattern", default="bursty", choices=("steady", "bursty", "diurnal"))
+    p.add_argument(
+        "--pattern",
+        default="bursty",
+        choices=("steady", "bursty", "diurnal"),
+        help="session arrivals: constant, a quarter of each hour at 3.4x, or a sinusoid",
+    )
     p.add_argument("--rate", type=float, default=0.02, help="sessions per (uncompressed) second")
     p.add_argument("--duration", type=float, default=3600.0, help="arrival window (uncompressed s)")
-    p.add_argument("--callers", type=int, default=8)
+    p.add_argument("--callers", type=int, default=8, help="distinct callers the sessions belong to")
     p.add_argument("--scale", type=float, default=0.05, help="multiply every workload delay")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2, help="repeats per arm, each on its own broker")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="first repeat's seed (repeat i: seed+i), as in the simulator",
+    )
     p.add_argument(
         "--log",
         metavar="FILE",
@@ -207,7 +218,7 @@ def main(argv: list[str]) -> int:
         help="append each finished run to FILE (JSON lines) and skip the runs it already "
         "holds: a crash loses only the run in flight, and a larger --repeats extends it",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     try:
         arms = arm_names(args.arms)

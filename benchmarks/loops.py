@@ -34,6 +34,7 @@ from benchmarks.run_log import RunLog
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from pool_manager.simulator.cli import HelpFormatter
 from pool_manager.simulator.experiment import Workload
 from pool_manager.simulator.metrics import bootstrap_ci
 from pool_manager.simulator.workloads import Batch, Program
@@ -144,14 +145,30 @@ def run_arm(server: BrokerServer, workload: Workload, arm: str, seed: int, repea
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.loops", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--workload", choices=("w-agent", "w-rl"), default="w-agent")
-    p.add_argument("--arms", default="reuse-on,reuse-off,fresh")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--agents", type=int, default=2)
+                                formatter_class=HelpFormatter)  # fmt: skip
+    p.add_argument(
+        "--workload",
+        choices=("w-agent", "w-rl"),
+        default="w-agent",
+        help="the paper's agent loop or RL loop (the simulator's workloads)",
+    )
+    p.add_argument(
+        "--arms",
+        default="reuse-on,reuse-off,fresh",
+        help="comma-separated, of reuse-on, reuse-off, fresh; the first is the reference",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=5, help="paired repeats per arm (arms rotated per repeat)"
+    )
+    p.add_argument("--agents", type=int, default=2, help="W-Agent concurrent agents")
     p.add_argument("--scale", type=float, default=0.25, help="multiply bodies and pauses")
     p.add_argument("--cap", type=int, default=8, help="pool ceiling and CPU budget (pods)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="first repeat's seed (repeat i: seed+i), as in the simulator",
+    )
     p.add_argument("--hold", type=float, default=10.0, help="owner hold (caller_hold_s)")
     p.add_argument(
         "--settle",
@@ -167,7 +184,7 @@ def main(argv: list[str]) -> int:
         help="append each finished run to FILE (JSON lines) and skip the runs it already "
         "holds: a crash loses only the run in flight, and a larger --repeats extends it",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ("reuse-on", "reuse-off", "fresh")]

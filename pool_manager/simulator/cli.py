@@ -29,13 +29,13 @@ from pool_manager.simulator.experiment import (
 from pool_manager.simulator.venue import load_venue, venue_names, with_settings
 
 
-class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The module docstring as written, and every flag's default after its help."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="firepool simulate", description=__doc__,
-                                formatter_class=_Help)  # fmt: skip
+                                formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument(
         "--venue",
         default="h200",
