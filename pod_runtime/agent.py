@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import sys
+import time
+from functools import partial
 from typing import Any
 
 import orjson
@@ -28,7 +30,7 @@ from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
 from pod_runtime.package import BlobCache
-from pod_runtime.protocol import decode_spec
+from pod_runtime.protocol import AttemptSpec, decode_spec
 from pod_runtime.reset import Resetter
 from pod_runtime.runner import Attempt, Runner
 from pod_runtime.settings import AgentSettings, parse_args
@@ -173,6 +175,15 @@ class Agent:
         except orjson.JSONDecodeError as exc:
             raise InvalidRequest(f"body is not JSON: {exc}") from exc
         spec = decode_spec(body)
+        attempt = await self.start_attempt(spec)
+        if not spec.wait:
+            return respond({"attempt_id": spec.attempt_id}, 202)
+        await attempt.done.wait()
+        return respond(attempt.result.to_json())
+
+    async def start_attempt(self, spec: AttemptSpec) -> Attempt:
+        """The attempt ``spec`` names, started now unless it already exists (a retried POST
+        is idempotent). Raises ``Conflict`` if another attempt is running."""
         assert self.runner is not None
         async with self._lock:
             attempt = self.attempts.get(spec.attempt_id)
@@ -183,10 +194,8 @@ class Agent:
                 self.attempts[spec.attempt_id] = attempt
                 self.current = attempt
                 attempt.task = asyncio.create_task(self._run(attempt))
-        if not spec.wait:
-            return respond({"attempt_id": spec.attempt_id}, 202)
-        await attempt.done.wait()
-        return respond(attempt.result.to_json())
+                attempt.task.add_done_callback(partial(self._settle, attempt))
+        return attempt
 
     async def _run(self, attempt: Attempt) -> None:
         assert self.runner is not None
@@ -195,6 +204,18 @@ class Agent:
         finally:
             if self.current is attempt:
                 self.current = None
+
+    def _settle(self, attempt: Attempt, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never runs its body, ``finally`` included
+        (a cancel that lands in the same loop iteration as the start): settle the attempt
+        here, or its waiters and the pod's next reset would wait on it forever."""
+        if not attempt.done.is_set():
+            attempt.result.state = "cancelled"
+            attempt.result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
+            attempt.result.finished = time.time()
+            attempt.done.set()
+        if self.current is attempt:
+            self.current = None
 
     async def get_attempt(self, request: web.Request) -> web.Response:
         attempt = self._get(request)
