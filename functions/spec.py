@@ -52,19 +52,36 @@ class FunctionSpec:
             )
         if (self.entrypoint is None) == (self.command is None):
             raise InvalidRequest("give exactly one of entrypoint and command", field="entrypoint")
-        if self.entrypoint is not None and not ENTRYPOINT_RE.match(self.entrypoint):
-            raise InvalidRequest("entrypoint must look like module:callable", field="entrypoint")
-        if self.command is not None and (not self.command or not all(self.command)):
-            raise InvalidRequest("command must be a non-empty list of strings", field="command")
+        if self.entrypoint is not None and (
+            not ENTRYPOINT_RE.match(self.entrypoint) or len(self.entrypoint) > 255
+        ):
+            raise InvalidRequest(
+                "entrypoint must look like module:callable (at most 255 characters)",
+                field="entrypoint",
+            )
+        # What the pod's agent (pod_runtime.protocol) and execve accept: a NUL in an argument
+        # or in the environment, or "=" in a variable's name, cannot reach a process.
+        if self.command is not None and (
+            not self.command or not all(a and "\0" not in a for a in self.command)
+        ):
+            raise InvalidRequest(
+                "command must be a non-empty list of non-empty strings without NUL",
+                field="command",
+            )
         if not 0 < self.timeout_s <= 86_400:
             raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
         if not 0 <= self.max_retries <= 10:
             raise InvalidRequest("max_retries must be in [0, 10]", field="max_retries")
         if not 1 <= self.pods <= 64:
             raise InvalidRequest("pods must be in [1, 64]", field="pods")
-        for key in self.env:
-            if not isinstance(key, str) or not key:
-                raise InvalidRequest("env keys must be non-empty strings", field="env")
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+                raise InvalidRequest(
+                    f"env name {key!r} must be a non-empty string without '=' or NUL",
+                    field="env",
+                )
+            if not isinstance(value, str) or "\0" in value:
+                raise InvalidRequest(f"env {key} must be a string without NUL", field="env")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from functions.errors import (
     TooLarge,
     Unavailable,
 )
+from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import FunctionSpec
 from gateway.auth import Principal, Role
 from gateway.broker import Broker, request_digest
@@ -44,6 +45,28 @@ INVOKE_FIELDS = {
     "priority": Field((int,), default=0),
     "timeout_s": Field((float,)),
 }
+MAX_TEXT = 255
+"""Longest ``lease_tag``, ``queue`` and Idempotency-Key (the job store's String(255))."""
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+"""``priority`` fits the job store's Integer column (and MySQL's INT)."""
+
+
+def check_invoke(body: dict[str, Any]) -> None:
+    """Refuse, naming the field, what the job store or a later hop could not carry: an
+    input nested deeper than ``MAX_NESTING``, a priority past 32 bits, a lease tag or queue
+    longer than the store's columns, a timeout outside (0, 86400] s."""
+    if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= 86400:
+        raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+    if nests_deeper(body["input"]):
+        raise InvalidRequest(f"input nests more than {MAX_NESTING} levels deep", field="input")
+    low, high = PRIORITY_RANGE
+    if not low <= body["priority"] <= high:
+        raise InvalidRequest(f"priority must be in [{low}, {high}]", field="priority")
+    for name in ("lease_tag", "queue"):
+        if body[name] is not None and len(body[name]) > MAX_TEXT:
+            raise InvalidRequest(f"{name} must be at most {MAX_TEXT} characters", field=name)
+
+
 FUNCTION_FIELDS = {
     "name": Field((str,), required=True),
     "sku": Field((str,), required=True),
@@ -188,9 +211,13 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     principal = _principal(request)
     raw = await _json_body(request)
     body = decode(raw, INVOKE_FIELDS)
-    if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= 86400:
-        raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+    check_invoke(body)
     key = request.headers.get("idempotency-key")
+    if key is not None and len(key) > MAX_TEXT:
+        raise InvalidRequest(
+            f"the Idempotency-Key header must be at most {MAX_TEXT} characters",
+            field="Idempotency-Key",
+        )
     digest = request_digest(name, raw) if key else None
     job, _created = await broker.submit(principal, name, body, key, digest)
     if sync and job.state not in TERMINAL_JOB_STATES:
@@ -240,6 +267,8 @@ async def list_jobs(request: Request) -> Response:
         limit = min(int(request.query_params.get("limit", "100")), 1000)
     except ValueError:
         raise InvalidRequest("limit must be an integer", field="limit") from None
+    if limit < 1:
+        raise InvalidRequest("limit must be at least 1 (at most 1000 are listed)", field="limit")
     jobs = await broker.jobs.list_jobs(caller=caller, states=states, limit=limit)
     return JSONResponse({"jobs": [j.to_public() for j in jobs]})
 

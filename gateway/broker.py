@@ -227,8 +227,21 @@ class Broker:
         return spec
 
     async def register_function(self, spec: FunctionSpec) -> FunctionSpec:
+        """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
+        the field for a spec no job of it could ever run: an unknown pool, a gang larger
+        than the pool's ceiling or its accelerator's budget, a package not uploaded."""
         spec.validate()
-        self.catalog.pool(spec.sku)
+        pool = self.catalog.pool(spec.sku)
+        budget = self.catalog.budget(pool.accelerator)
+        most = pool.max_count
+        if budget is not None:
+            most = min(most, budget // max(1, pool.units_per_pod))
+        if spec.pods > most:
+            raise InvalidRequest(
+                f"pods ({spec.pods}) exceeds what pool {spec.sku!r} can ever hold at once "
+                f"({most}: its max_count, and its {pool.accelerator} budget)",
+                field="pods",
+            )
         if not self.packages.exists(spec.package_digest):
             raise InvalidRequest(
                 "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"

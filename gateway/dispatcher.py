@@ -222,7 +222,16 @@ class Dispatcher:
                 error={"class": str(ErrorClass.CANCELLED), "message": "cancelled before launch"},
             )
         else:
-            outcome = await self.executor.run(job, spec, list(lease.pods), attempt.id)
+            try:
+                outcome = await self.executor.run(job, spec, list(lease.pods), attempt.id)
+            except Exception as exc:  # a broker bug must not strand the job on leased pods
+                log.exception("attempt %s of job %s failed in the broker", attempt.id, job.id)
+                outcome = Outcome(
+                    state="failed",
+                    error={"class": str(ErrorClass.INTERNAL), "message": f"broker error: {exc!r}"},
+                    finished=self.clock(),
+                    lost_pods=list(lease.pods),  # their state is unknown: delete, never reuse
+                )
         await self.finish(job, lease.pods, outcome)
 
     async def _fail_before_start(self, job: Job, revision: int, exc: Exception) -> None:
@@ -296,7 +305,9 @@ class Dispatcher:
             )
             job.output = outcome.output
             job.error = outcome.error
-            if cancelled and job.error is None:
+            if cancelled and (job.error or {}).get("class") != str(ErrorClass.CANCELLED):
+                # The caller's cancel wins over what the attempt ended with (a PodLost of a
+                # pod killed under it, say), which stays on the attempt's own record.
                 job.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled"}
             job.finished = attempt.finished
         try:

@@ -51,6 +51,17 @@ class Outcome:
         )
 
     @classmethod
+    def refused(cls, pod: str, body: Any) -> Outcome:
+        """The agent answered 400: the attempt spec itself is bad (a broker-side check it
+        passed, the agent's did not). The pod ran nothing and is sound: fail the job with the
+        agent's typed error, as a request error (never retried), and keep the pod."""
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict) or "class" not in error:
+            error = {"class": str(ErrorClass.INVALID_REQUEST), "message": str(body)}
+        message = f"pod {pod} refused the attempt: {error.get('message', '')}"
+        return cls(state="failed", error={**error, "message": message}, finished=time.time())
+
+    @classmethod
     def pod_lost(cls, pods: list[str], message: str) -> Outcome:
         return cls(
             state="failed",
@@ -133,6 +144,8 @@ class Executor:
             status, body = await self.agents.start(endpoint, spec, timeout)
         except AgentUnreachable as exc:
             return Outcome.pod_lost([pod], str(exc))
+        if status == 400:
+            return Outcome.refused(pod, body)
         if status != 200:
             return Outcome.pod_lost([pod], f"agent refused the attempt: HTTP {status} {body}")
         return Outcome.from_agent(body)
@@ -147,6 +160,9 @@ class Executor:
                 if endpoint is None:
                     raise AgentUnreachable(f"pod {pod} has no endpoint")
                 status, body = await self.agents.start(endpoint, spec, 10.0)
+                if status == 400:  # a bad spec, the same for every rank: nothing is lost
+                    await self.cancel(started, spec["attempt_id"])
+                    return Outcome.refused(pod, body)
                 if status not in (200, 202):
                     raise AgentUnreachable(f"agent refused: HTTP {status} {body}")
                 started.append(pod)

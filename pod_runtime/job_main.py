@@ -30,6 +30,11 @@ from typing import Any, NoReturn
 
 import orjson
 
+# ``functions.nesting``'s limits, copied: this module imports nothing of ours, since a job's
+# own modules (on ``sys.path`` first) may be named like ours. A test checks they agree.
+MAX_NESTING = 128
+ORJSON_MAX_DEPTH = 254
+
 TRACEBACK_LINES = 40
 TRACEBACK_CHARS = 8000
 
@@ -116,6 +121,14 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
         orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         return _failure(exc, "return value is not JSON-serializable: ")
+    probe = output  # the hops after this one nest it deeper (functions/nesting.py)
+    for _ in range(ORJSON_MAX_DEPTH - MAX_NESTING):
+        probe = [probe]
+    try:
+        orjson.dumps(probe, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        too_deep = ValueError(f"return value nests more than {MAX_NESTING} levels deep")
+        return _failure(too_deep)
     return {"ok": True, "output": output}
 
 

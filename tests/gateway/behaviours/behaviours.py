@@ -47,3 +47,11 @@ def ticker(request):
         print(f"tick {i}", flush=True)
         time.sleep(0.3)
     return "ticked"
+
+
+def nested(request):
+    """A value ``request`` lists deep."""
+    value = []
+    for _ in range(int(request) - 1):
+        value = [value]
+    return value

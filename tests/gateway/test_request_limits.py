@@ -1,0 +1,149 @@
+"""What a hop after submit could not carry is refused at submit, naming the field, and nothing
+a caller sends can strand a job on a leased pod (found by fuzzing the API with schemathesis)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, nests_deeper
+from functions.sdk import Client
+from gateway.auth import Role
+from gateway.executor import Outcome
+from gateway.retry_policy import decide
+from pod_runtime import job_main
+from tests.conftest import BrokerServer, running_broker
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
+
+def _nest(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
+    catalog = (
+        "budgets: {cpu: 16}\n"
+        "pools:\n"
+        "  cpu: {min_count: 1, max_idle_count: 2, max_count: 4, idle_timeout_s: 120}\n"
+    )
+    with running_broker(tmp_path_factory.mktemp("limits"), catalog) as srv:
+        with srv.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="nested", sku="cpu", entrypoint="behaviours:nested")
+        yield srv
+
+
+def _http(server: BrokerServer, role: Role = Role.INVOKE) -> httpx.Client:
+    token = server.token("limits-user", role)
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_the_job_runner_applies_the_same_nesting_limit_as_the_broker() -> None:
+    assert (job_main.MAX_NESTING, job_main.ORJSON_MAX_DEPTH) == (MAX_NESTING, ORJSON_MAX_DEPTH)
+    assert not nests_deeper(_nest(MAX_NESTING)) and nests_deeper(_nest(MAX_NESTING + 1))
+
+
+def test_an_input_at_the_nesting_limit_runs_and_one_level_deeper_is_refused(
+    server: BrokerServer,
+) -> None:
+    with _http(server) as http:
+        ok = http.post("/v1/functions/noop:invoke", json={"input": _nest(MAX_NESTING)})
+        assert ok.status_code == 200 and ok.json()["state"] == "SUCCEEDED", ok.text
+        assert ok.json()["output"] == _nest(MAX_NESTING)
+        for depth in (MAX_NESTING + 1, 254, 255, 1000):
+            resp = http.post("/v1/functions/noop/jobs", content=_body(depth))
+            assert resp.status_code == 400, (depth, resp.text)
+            assert resp.json()["error"]["field"] == "input"
+
+
+def _body(depth: int) -> bytes:
+    return b'{"input":' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_an_output_nested_too_deep_fails_the_job_and_keeps_the_pod(server: BrokerServer) -> None:
+    with Client(server.url, server.token("deep-user", Role.INVOKE)) as fp:  # its own pods
+        job = fp.invoke("nested", MAX_NESTING + 1, lease_tag="deep")
+        assert job["state"] == "FAILED" and job["error"]["class"] == "FunctionError", job
+        assert f"nests more than {MAX_NESTING} levels" in job["error"]["message"]
+        again = fp.invoke("nested", 3, lease_tag="deep")
+    assert again["state"] == "SUCCEEDED" and again["output"] == [[[]]]
+    assert again["acquisition"]["path"] == "warm"  # the same pod, reset and reused
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"priority": 2**31}, "priority"),
+        ({"priority": -(2**31) - 1}, "priority"),
+        ({"lease_tag": "t" * 256}, "lease_tag"),
+        ({"queue": "q" * 256}, "queue"),
+    ],
+)
+def test_values_the_job_store_cannot_hold_are_refused(
+    server: BrokerServer, body: dict[str, Any], field: str
+) -> None:
+    with _http(server) as http:
+        resp = http.post("/v1/functions/noop/jobs", json=body)
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.text
+
+
+def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: BrokerServer) -> None:
+    with _http(server) as http:
+        resp = http.post("/v1/functions/noop/jobs", json={}, headers={"Idempotency-Key": "k" * 256})
+        fine = http.post("/v1/functions/noop/jobs", json={}, headers={"Idempotency-Key": "k" * 255})
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "Idempotency-Key"
+    assert fine.status_code in (200, 202)
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "-9223372036854775809"])
+def test_a_job_listing_limit_below_one_is_refused(server: BrokerServer, limit: str) -> None:
+    with _http(server) as http:
+        resp = http.get("/v1/jobs", params={"limit": limit})
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "limit", resp.text
+
+
+def _noop_spec(server: BrokerServer) -> dict[str, Any]:
+    with _http(server) as http:
+        noop = http.get("/v1/functions/noop").json()
+    return {"name": "bad", "sku": "cpu", "package_digest": noop["package_digest"]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"command": ["python3\u0000", "-c", "pass"]}, "command"),
+        ({"entrypoint": "noop:noop", "env": {"A\u0000B": "1"}}, "env"),
+        ({"entrypoint": "noop:noop", "env": {"A=B": "1"}}, "env"),
+        ({"entrypoint": "noop:noop", "env": {"A": "x\u0000y"}}, "env"),
+        ({"entrypoint": "noop:noop", "pods": 5}, "pods"),
+    ],
+)
+def test_a_function_no_pod_could_run_is_refused_at_registration(
+    server: BrokerServer, extra: dict[str, Any], field: str
+) -> None:
+    body = {**_noop_spec(server), **extra}
+    with _http(server, Role.DEPLOY) as http:
+        resp = http.post("/v1/functions", json=body)
+        assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.text
+        assert http.get("/v1/functions/bad").status_code == 404
+
+
+def test_an_attempt_the_agent_refuses_fails_as_a_request_error_and_keeps_the_pod() -> None:
+    """The broker's checks mirror the agent's, so an agent's 400 means they drifted apart:
+    the job fails with the agent's typed error, is not retried, and the pod is not lost."""
+    body = {"error": {"class": "InvalidRequest", "message": "command bad", "field": "command"}}
+    outcome = Outcome.refused("p1", body)
+    assert outcome.state == "failed" and outcome.lost_pods == []
+    assert outcome.error == {"class": "InvalidRequest", "field": "command",
+                             "message": "pod p1 refused the attempt: command bad"}  # fmt: skip
+    assert not decide("InvalidRequest", ran_user_code=False, retries=0, max_retries=2).retry
+    garbled = Outcome.refused("p1", "not json")
+    assert garbled.error is not None and garbled.error["class"] == "InvalidRequest"
