@@ -34,7 +34,7 @@ from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
 from gateway.jobs import Job
 from gateway.metrics import render_metrics
-from gateway.openapi import OPENAPI
+from gateway.openapi import build_openapi
 from gateway.package_check import check_package_file
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
@@ -49,14 +49,15 @@ MAX_TEXT = 255
 """Longest ``lease_tag``, ``queue`` and Idempotency-Key (the job store's String(255))."""
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """``priority`` fits the job store's Integer column (and MySQL's INT)."""
+MAX_TIMEOUT_S = 86400
 
 
 def check_invoke(body: dict[str, Any]) -> None:
     """Refuse, naming the field, what the job store or a later hop could not carry: an
     input nested deeper than ``MAX_NESTING``, a priority past 32 bits, a lease tag or queue
     longer than the store's columns, a timeout outside (0, 86400] s."""
-    if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= 86400:
-        raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+    if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= MAX_TIMEOUT_S:
+        raise InvalidRequest(f"timeout_s must be in (0, {MAX_TIMEOUT_S}]", field="timeout_s")
     if nests_deeper(body["input"]):
         raise InvalidRequest(f"input nests more than {MAX_NESTING} levels deep", field="input")
     low, high = PRIORITY_RANGE
@@ -80,6 +81,17 @@ FUNCTION_FIELDS = {
     "pods": Field((int,), default=1),
     "single_use": Field((bool,), default=False),
 }
+OPENAPI = build_openapi(
+    INVOKE_FIELDS,
+    FUNCTION_FIELDS,
+    {  # ``check_invoke``'s limits, for clients and fuzzers
+        "input": {"description": f"any JSON, nested at most {MAX_NESTING} levels"},
+        "lease_tag": {"maxLength": MAX_TEXT},
+        "queue": {"maxLength": MAX_TEXT},
+        "priority": {"minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},
+        "timeout_s": {"exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
+    },
+)
 
 
 class JSONResponse(Response):

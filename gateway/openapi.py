@@ -1,57 +1,310 @@
-"""The API schema served at /openapi.json (hand-written: the routes are few and stable)."""
+"""The API schema served at /openapi.json.
+
+Request bodies are generated from the same ``Field`` maps ``app.py`` decodes with (names,
+types, required, defaults; unknown fields are refused, so ``additionalProperties: false``),
+plus the ranges ``app.check_invoke`` and ``FunctionSpec.validate`` enforce, so a client
+generator or a fuzzer sends what the broker accepts. The routes are few and stable; the
+summaries are written here. ``tests/gateway/test_openapi.py`` checks every route and path
+parameter is declared and the document is valid OpenAPI 3.1.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-_JSON = {"application/json": {"schema": {"type": "object"}}}
+from functions.spec import DIGEST_RE, ENTRYPOINT_RE, NAME_RE
+from gateway.decoding import Field
+from pool_manager.states import JobState
+
+_JSON_TYPES = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+}
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_OBJECT = {"type": "object"}
 
 
-def _op(summary: str, body: bool = False, status: str = "200") -> dict[str, Any]:
-    op: dict[str, Any] = {
-        "summary": summary,
-        "security": [{"bearer": []}],
-        "responses": {
-            status: {"description": "OK", "content": _JSON},
-            "4XX": {"description": "typed error {error: {class, message, field?}}"},
+def body_schema(
+    fields: Mapping[str, Field], extra: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A JSON schema of a request body decoded with ``fields``; ``extra`` adds each field's
+    constraints (ranges, patterns, lengths)."""
+    props: dict[str, Any] = {}
+    for name, f in fields.items():
+        prop: dict[str, Any] = {}
+        if object not in f.types:
+            kinds = [_JSON_TYPES[t] for t in f.types]
+            if float in f.types:  # an integer is accepted where a number is meant
+                kinds = [k for k in kinds if k != "integer"]
+            if f.nullable and not f.required:
+                kinds.append("null")
+            prop["type"] = kinds[0] if len(kinds) == 1 else kinds
+        if f.default is not None:
+            prop["default"] = f.default
+        prop.update(extra.get(name, {}))
+        props[name] = prop
+    required = [name for name, f in fields.items() if f.required]
+    schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _op(
+    summary: str,
+    ok: str = "200",
+    *,
+    body: dict[str, Any] | None = None,
+    params: list[dict[str, Any]] | None = None,
+    ok_content: dict[str, Any] | None = None,
+    more: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    responses: dict[str, Any] = {
+        ok: {
+            "description": "OK",
+            "content": ok_content or {"application/json": {"schema": _OBJECT}},
         },
+        "400": {"description": "a bad request: the field is named", "content": _json(_ERROR)},
+        "401": {"description": "no valid bearer token", "content": _json(_ERROR)},
+        "403": {"description": "the token's role may not do this", "content": _json(_ERROR)},
     }
-    if body:
-        op["requestBody"] = {"content": _JSON}
+    for status, why in (more or {}).items():
+        responses[status] = {"description": why, "content": _json(_ERROR)}
+    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}], "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": _json(body)}
+    if params:
+        op["parameters"] = params
     return op
 
 
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "Firepool", "version": "1"},
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}
-    },
-    "paths": {
-        "/v1/packages/{sha256}": {
-            "put": _op("Upload a package zip once (digest checked)", True, "201"),
-            "head": _op("Does the package exist?"),
+def _json(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": dict(schema)}}
+
+
+def _path(name: str, **schema: Any) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string", **schema}}
+
+
+def _query(name: str, description: str, **schema: Any) -> dict[str, Any]:
+    return {"name": name, "in": "query", "description": description, "schema": schema}
+
+
+def build_openapi(
+    invoke_fields: Mapping[str, Field],
+    function_fields: Mapping[str, Field],
+    invoke_limits: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The whole document. ``invoke_limits``: ``app.check_invoke``'s ranges per field."""
+    name = _path("name", pattern=NAME_RE.pattern)
+    sha = _path("sha256", pattern=DIGEST_RE.pattern)
+    job_id = _path("id")
+    invoke = body_schema(invoke_fields, invoke_limits)
+    function = body_schema(
+        function_fields,
+        {
+            "name": {"pattern": NAME_RE.pattern},
+            "package_digest": {"pattern": DIGEST_RE.pattern},
+            "entrypoint": {"pattern": ENTRYPOINT_RE.pattern, "maxLength": 255},
+            "command": {"minItems": 1, "items": {"type": "string", "minLength": 1}},
+            "env": {"additionalProperties": {"type": "string"}},
+            "requirements": {"pattern": DIGEST_RE.pattern},
+            "timeout_s": {"exclusiveMinimum": 0, "maximum": 86400},
+            "max_retries": {"minimum": 0, "maximum": 10},
+            "pods": {"minimum": 1, "maximum": 64},
         },
-        "/v1/functions": {
-            "post": _op("Register a function version", True, "201"),
-            "get": _op("List functions"),
+    )
+    idempotency = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "description": "the same key and body return the same job; another body is a 422",
+        "schema": {"type": "string", "maxLength": invoke_limits["lease_tag"]["maxLength"]},
+    }
+    job_made = {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {"job_id": {"type": "string"}, "state": {"type": "string"}},
+            }
+        }
+    }
+    unavailable = {"404": "no such function", "413": "body too large", "503": "shutting down"}
+    reused_key = "the Idempotency-Key was used with another body"
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Firepool", "version": "1"},
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            },
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["class", "message"],
+                            "properties": {
+                                "class": {"type": "string"},
+                                "message": {"type": "string"},
+                                "field": {"type": "string"},
+                            },
+                        }
+                    },
+                }
+            },
         },
-        "/v1/functions/{name}": {
-            "get": _op("Describe a function"),
-            "delete": _op("Delete a function"),
+        "paths": {
+            "/v1/packages/{sha256}": {
+                "parameters": [sha],
+                "put": {
+                    **_op(
+                        "Upload a package zip once (digest checked)",
+                        "201",
+                        more={"413": "body too large", "422": "digest or zip rejected"},
+                    ),
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/zip": {
+                                "schema": {"type": "string", "contentMediaType": "application/zip"}
+                            },
+                            "application/octet-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                },
+                "head": {
+                    "summary": "Does the package exist?",
+                    "security": [{"bearer": []}],
+                    "responses": {
+                        "200": {"description": "stored"},
+                        "404": {"description": "not stored"},
+                    },
+                },
+            },
+            "/v1/functions": {
+                "post": _op(
+                    "Register a function version (upload its package first)",
+                    "201",
+                    body=function,
+                    more={"422": "the package is not an acceptable zip"},
+                ),
+                "get": _op("List functions"),
+            },
+            "/v1/functions/{name}": {
+                "parameters": [name],
+                "get": _op("Describe a function", more={"404": "no such function"}),
+                "delete": _op("Delete a function", more={"404": "no such function"}),
+            },
+            "/v1/functions/{name}:invoke": {
+                "parameters": [name],
+                "post": {
+                    **_op(
+                        "Invoke and wait for the result (202 with the job id if it is still "
+                        "running after the broker's sync_wait_s)",
+                        body=invoke,
+                        params=[idempotency],
+                        more={
+                            **unavailable,
+                            "422": "the Idempotency-Key was used with another body",
+                        },
+                    ),
+                },
+            },
+            "/v1/functions/{name}/jobs": {
+                "parameters": [name],
+                "post": _op(
+                    "Submit an async job",
+                    "202",
+                    body=invoke,
+                    params=[idempotency],
+                    ok_content=job_made,
+                    more={**unavailable, "422": reused_key},
+                ),
+            },
+            "/v1/jobs": {
+                "get": _op(
+                    "List your jobs (an admin's: everyone's), newest first",
+                    params=[
+                        _query(
+                            "limit",
+                            "at most this many",
+                            type="integer",
+                            minimum=1,
+                            maximum=1000,
+                            default=100,
+                        ),
+                        _query(
+                            "state",
+                            "only jobs in this state (any case)",
+                            type="string",
+                            enum=[str(s) for s in JobState],
+                        ),
+                    ],
+                ),
+            },
+            "/v1/jobs/{id}": {
+                "parameters": [job_id],
+                "get": _op("Job status and result", more={"404": "no such job of yours"}),
+                "delete": _op("Cancel a job", more={"404": "no such job of yours"}),
+            },
+            "/v1/jobs/{id}/logs": {
+                "parameters": [job_id],
+                "get": _op(
+                    "Job logs, live while it runs",
+                    params=[
+                        _query(
+                            "follow",
+                            "1 or true: stream until the job ends",
+                            type="string",
+                            enum=["0", "1", "true", "false"],
+                        )
+                    ],
+                    ok_content={"text/plain": {"schema": {"type": "string"}}},
+                    more={"404": "no such job of yours"},
+                ),
+            },
+            "/v1/pools": {
+                "get": _op(
+                    "Pools: pods by state and role, queue, holds, budgets and held unit-seconds",
+                    params=[
+                        _query(
+                            "pods",
+                            "1 or true: list every pod too",
+                            type="string",
+                            enum=["0", "1", "true", "false"],
+                        )
+                    ],
+                )
+            },
+            "/healthz": {
+                "get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness",
+                    "responses": {
+                        "200": {"description": "ready"},
+                        "503": {"description": "starting or shutting down"},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
-        "/v1/functions/{name}:invoke": {"post": _op("Invoke and wait for the result", True)},
-        "/v1/functions/{name}/jobs": {"post": _op("Submit an async job", True, "202")},
-        "/v1/jobs": {"get": _op("List your jobs")},
-        "/v1/jobs/{id}": {"get": _op("Job status and result"), "delete": _op("Cancel a job")},
-        "/v1/jobs/{id}/logs": {"get": _op("Job logs (?follow=1 streams)")},
-        "/v1/pools": {
-            "get": _op("Pools: pods by state and role, queue, holds, budgets and held unit-seconds")
-        },
-        "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}},
-        "/readyz": {"get": {"summary": "Readiness", "responses": {"200": {"description": "OK"}}}},
-        "/metrics": {
-            "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OK"}}}
-        },
-    },
-}
+    }
