@@ -225,12 +225,12 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     body = decode(raw, INVOKE_FIELDS)
     check_invoke(body)
     key = request.headers.get("idempotency-key")
-    if key is not None and len(key) > MAX_TEXT:
+    if key is not None and not 0 < len(key) <= MAX_TEXT:
         raise InvalidRequest(
-            f"the Idempotency-Key header must be at most {MAX_TEXT} characters",
+            f"the Idempotency-Key header must be 1 to {MAX_TEXT} characters",
             field="Idempotency-Key",
         )
-    digest = request_digest(name, raw) if key else None
+    digest = request_digest(name, raw) if key is not None else None
     job, _created = await broker.submit(principal, name, body, key, digest)
     if sync and job.state not in TERMINAL_JOB_STATES:
         wait_s = broker.settings.sync_wait_s

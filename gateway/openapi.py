@@ -123,7 +123,11 @@ def build_openapi(
         "name": "Idempotency-Key",
         "in": "header",
         "description": "the same key and body return the same job; another body is a 422",
-        "schema": {"type": "string", "maxLength": invoke_limits["lease_tag"]["maxLength"]},
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": invoke_limits["lease_tag"]["maxLength"],
+        },
     }
     job_made = {
         "application/json": {

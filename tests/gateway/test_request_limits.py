@@ -103,6 +103,19 @@ def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: Broke
     assert fine.status_code in (200, 202)
 
 
+def test_an_empty_idempotency_key_is_refused_not_matched_to_another_job(
+    server: BrokerServer,
+) -> None:
+    """An empty key was stored without a body digest, so every later empty-key call, with
+    any body and any function, answered that first job."""
+    with _http(server) as http:
+        empty = {"Idempotency-Key": ""}
+        first = http.post("/v1/functions/noop:invoke", json={"input": "a"}, headers=empty)
+        other = http.post("/v1/functions/nested:invoke", json={"input": 2}, headers=empty)
+    for resp in (first, other):
+        assert resp.status_code == 400 and resp.json()["error"]["field"] == "Idempotency-Key"
+
+
 @pytest.mark.parametrize("limit", ["0", "-1", "-9223372036854775809"])
 def test_a_job_listing_limit_below_one_is_refused(server: BrokerServer, limit: str) -> None:
     with _http(server) as http:
