@@ -205,7 +205,6 @@ def plan(
     for req in demand:
         queued[req.sku] = queued.get(req.sku, 0) + req.pods
     by_owner: dict[str, dict[str, int]] | None = None  # built once a pool has held pods
-    waiting: set[str] | None = None  # built once a pool breaks holds
     actions: list[Action] = []
     pools = snapshot.pools
     grows: list[_Grows] = []  # every pool's terms first: budget reclaim needs them all
@@ -258,11 +257,12 @@ def plan(
             )
         blocked = t[_BLOCKED]
         if blocked and view.held_pods:
+            # Spared: owners with queued jobs this pod could serve (``owners``: reusable jobs
+            # on this pool). A single-use job, or one on another pool, never reuses it, so
+            # its owner's hold is broken like any other (it used to wait the hold out).
             tenure = spec.hold_min_tenure_s
-            if waiting is None:
-                waiting = {req.caller for req in demand}
             breakable = [
-                h for h in view.held_pods if now - h.created >= tenure and h.owner not in waiting
+                h for h in view.held_pods if now - h.created >= tenure and h.owner not in owners
             ]
             if len(breakable) > 1:
                 breakable.sort(key=lambda h: (h.released_at, h.name))

@@ -172,6 +172,14 @@ def test_hold_breaking_spares_owners_with_queued_jobs() -> None:
     assert deletes(actions, "hold_broken") == ["c-pod"]
 
 
+def test_a_single_use_job_does_not_spare_its_owners_hold() -> None:
+    """A held pod is never clean enough for a single-use job, so that job's owner is not
+    spared: its own hold is broken for it (it used to wait the whole hold out)."""
+    t = held_pool()
+    actions = t.reconcile([make_request("alice", single_use=True)], 200.0)
+    assert deletes(actions, "hold_broken") == ["a-pod"]
+
+
 def test_hold_breaking_respects_the_minimum_tenure() -> None:
     t = make_tracker(make_spec(max_count=1, caller_hold_s=1000.0, hold_min_tenure_s=60.0))
     add_ready(t, "p", now=0.0)
