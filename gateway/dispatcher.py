@@ -317,8 +317,8 @@ class Dispatcher:
         # Only now may the agent forget the result: a crash before this point finds the
         # attempt at the agent and finalizes it without running it again (paper A.1).
         clean = await self.recycler.reset(list(pods), outcome.lost_pods)
-        self.recycler.release(job.id, clean)
-        self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods)
+        retired = self.recycler.release(job.id, clean)
+        self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods, retired)
         if retry:
             self.enqueue(job)
         else:

@@ -71,27 +71,40 @@ class PodRecycler:
         results = await asyncio.gather(*(self._reset_one(pod) for pod in pods if pod not in lost))
         return not lost and all(results)
 
-    def release(self, job_id: str, clean: bool) -> None:
-        """Hand the pods back to the tracker: held for their owner, or retired and deleted.
+    def release(self, job_id: str, clean: bool) -> list[tuple[str, str]]:
+        """Hand the pods back to the tracker: held for their owner, or retired. Returns the
+        retired ones, ``(name, reason)``, for ``archive`` to delete once their logs are kept
+        (the tracker already has them RETIRING: no job can claim them meanwhile).
 
         The owner itself was persisted before the first launch; the hold's timing is written
         off the caller's path (best-effort, paper A.1 step 4): a crash in between can only
         shorten a hold, never give the pod to another caller."""
         now = self.clock()
+        retired: list[tuple[str, str]] = []
         for release in self.tracker.release(job_id, clean, now):
             if release.retire:
-                self.pods.delete(release.name, release.reason)
+                retired.append((release.name, release.reason))
             else:
                 pod = self.tracker.get(release.name)
                 if pod is not None:
                     self.pods.annotate_later(release.name, ownership_annotations(pod))
         self.on_change()
+        return retired
 
-    def archive(self, job_id: str, pods: list[str], attempt_id: str, lost: list[str]) -> None:
-        """Off the caller's path: keep rank 0's logs, then acknowledge the attempt on every
-        pod (the agent keeps a result until then; the outcome is already committed)."""
+    def archive(
+        self,
+        job_id: str,
+        pods: list[str],
+        attempt_id: str,
+        lost: list[str],
+        retired: list[tuple[str, str]],
+    ) -> None:
+        """Off the caller's path: keep rank 0's logs, acknowledge the attempt on every pod
+        (the agent keeps a result until then; the outcome is already committed), and only
+        then delete the ``retired`` pods: deleted first, a single-use or recycled pod took
+        its job's logs with it."""
         task = asyncio.get_running_loop().create_task(
-            self._archive(job_id, [p for p in pods if p not in lost], attempt_id)
+            self._archive(job_id, [p for p in pods if p not in lost], attempt_id, retired)
         )
         self._archiving[job_id] = task
         task.add_done_callback(lambda _: self._archiving.pop(job_id, None))
@@ -102,17 +115,23 @@ class PodRecycler:
         if task is not None:
             await asyncio.wait({task})
 
-    async def _archive(self, job_id: str, pods: list[str], attempt_id: str) -> None:
-        for rank, pod in enumerate(pods):
-            endpoint = self.pods.endpoints.get(pod)
-            if endpoint is None:
-                continue
-            try:
-                if rank == 0:
-                    await self._keep_logs(job_id, endpoint, attempt_id)
-                await self.agents.ack(endpoint, attempt_id)
-            except AgentUnreachable as exc:
-                log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)
+    async def _archive(
+        self, job_id: str, pods: list[str], attempt_id: str, retired: list[tuple[str, str]]
+    ) -> None:
+        try:
+            for rank, pod in enumerate(pods):
+                endpoint = self.pods.endpoints.get(pod)
+                if endpoint is None:
+                    continue
+                try:
+                    if rank == 0:
+                        await self._keep_logs(job_id, endpoint, attempt_id)
+                    await self.agents.ack(endpoint, attempt_id)
+                except AgentUnreachable as exc:
+                    log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)
+        finally:
+            for name, reason in retired:
+                self.pods.delete(name, reason)
 
     async def drain(self) -> None:
         while self._archiving:

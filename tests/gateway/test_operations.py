@@ -54,6 +54,21 @@ def test_logs_of_a_job_are_kept_after_it_ends(broker_server: BrokerServer) -> No
     assert followed == text
 
 
+def test_the_logs_of_a_job_whose_pod_retires_after_it_are_kept(
+    broker_server: BrokerServer,
+) -> None:
+    """A single-use pod (and a recycled one) is deleted after its job: only once its logs
+    are archived, or the job's logs were gone with it (found by fuzzing)."""
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="chatty-once", sku="cpu", entrypoint="behaviours:chatty",
+                  single_use=True)  # fmt: skip
+    with broker_server.client("ops-logs-once") as fp:
+        for n in (1, 2):
+            job = fp.invoke("chatty-once", n)
+            assert job["state"] == "SUCCEEDED" and job["acquisition"]["path"] == "single_use"
+            assert f"hello from the job: {n}" in fp.logs(job["id"]).text
+
+
 def test_following_logs_streams_a_running_jobs_output_before_it_ends(
     broker_server: BrokerServer,
 ) -> None:
