@@ -75,6 +75,8 @@ class Broker:
         self.logs = LogArchive(home / "logs")
         self.clock = time.time
         self._latest: dict[str, FunctionSpec] = {}
+        self._changes: Counter[str] = Counter()
+        """Registers and deletes begun per function name (``_cache_latest``)."""
         self.store: JobStore | None = None
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -219,12 +221,21 @@ class Broker:
     async def latest_function(self, name: str) -> FunctionSpec:
         spec = self._latest.get(name)
         if spec is None:
+            changes = self._changes[name]
             spec = await self.jobs.get_function(name)
             if spec is None:
                 raise NotFound(f"no function named {name!r}")
-            self._latest[name] = spec
+            self._cache_latest(spec, changes)
             self.dispatcher.specs[(spec.name, spec.version)] = spec
         return spec
+
+    def _cache_latest(self, spec: FunctionSpec, changes: int) -> None:
+        """Cache ``spec`` as its name's latest version, unless a register or delete of the
+        name ran while it was read or written (``changes`` is the count before): a read that
+        began before a delete committed would otherwise cache the deleted function for good,
+        served and invoked while the store has it gone."""
+        if self._changes[spec.name] == changes:
+            self._latest[spec.name] = spec
 
     async def register_function(self, spec: FunctionSpec) -> FunctionSpec:
         """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
@@ -249,14 +260,28 @@ class Broker:
         await asyncio.to_thread(check_package_file, self.packages.path(spec.package_digest))
         if spec.requirements_digest and not self.packages.exists(spec.requirements_digest):
             raise InvalidRequest("upload the requirements file first", field="requirements")
-        stored = await self.jobs.put_function(spec)
-        self._latest[stored.name] = stored
+        self._forget_latest(spec.name)
+        try:
+            # Not cached here: of registrations racing, this one's version may not be the
+            # latest; the next read takes the latest from the store.
+            stored = await self.jobs.put_function(spec)
+        finally:
+            self._forget_latest(spec.name)
         self.dispatcher.specs[(stored.name, stored.version)] = stored
         return stored
 
     async def delete_function(self, name: str) -> bool:
+        self._forget_latest(name)
+        try:
+            return await self.jobs.delete_function(name)
+        finally:
+            self._forget_latest(name)
+
+    def _forget_latest(self, name: str) -> None:
+        """Around a register or delete: drop the cached latest version, and make any read
+        overlapping the write cache nothing (``_cache_latest``)."""
+        self._changes[name] += 1
         self._latest.pop(name, None)
-        return await self.jobs.delete_function(name)
 
     # -- jobs ---------------------------------------------------------------------------
     async def submit(
