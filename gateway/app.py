@@ -196,20 +196,26 @@ async def list_functions(request: Request) -> Response:
     return JSONResponse({"functions": [s.to_json() for s in specs]})
 
 
+async def functions(request: Request) -> Response:
+    if request.method == "POST":
+        return await create_function(request)
+    return await list_functions(request)
+
+
 async def function_target(request: Request) -> Response:
     broker = _broker(request)
-    target: str = request.path_params["target"]
-    if request.method == "POST":
-        if not target.endswith(":invoke"):
-            raise NotFound(f"no route POST /v1/functions/{target}")
-        return await _invoke(request, target[: -len(":invoke")], sync=True)
+    name: str = request.path_params["name"]
     if request.method == "DELETE":
         _principal(request, Role.DEPLOY)
-        if not await broker.delete_function(target):
-            raise NotFound(f"no function named {target!r}")
-        return JSONResponse({"deleted": target})
+        if not await broker.delete_function(name):
+            raise NotFound(f"no function named {name!r}")
+        return JSONResponse({"deleted": name})
     _principal(request)
-    return JSONResponse((await broker.latest_function(target)).to_json())
+    return JSONResponse((await broker.latest_function(name)).to_json())
+
+
+async def invoke_function(request: Request) -> Response:
+    return await _invoke(request, request.path_params["name"], sync=True)
 
 
 async def submit_job(request: Request) -> Response:
@@ -405,10 +411,10 @@ def create_app(broker: Broker) -> Starlette:
     routes = [
         Route("/v1/packages/{sha256}", put_package, methods=["PUT", "HEAD"]),
         Route("/v1/blobs/{sha256}", get_blob, methods=["GET"]),
-        Route("/v1/functions", create_function, methods=["POST"]),
-        Route("/v1/functions", list_functions, methods=["GET"]),
+        Route("/v1/functions", functions, methods=["GET", "POST"]),
         Route("/v1/functions/{name}/jobs", submit_job, methods=["POST"]),
-        Route("/v1/functions/{target}", function_target, methods=["GET", "DELETE", "POST"]),
+        Route("/v1/functions/{name}:invoke", invoke_function, methods=["POST"]),
+        Route("/v1/functions/{name}", function_target, methods=["GET", "DELETE"]),
         Route("/v1/jobs", list_jobs, methods=["GET"]),
         Route("/v1/jobs/{job_id}", job_route, methods=["GET", "DELETE"]),
         Route("/v1/jobs/{job_id}/logs", job_logs, methods=["GET"]),

@@ -44,6 +44,8 @@ class Field:
             raise InvalidRequest(f"{name} must be {self._expected()}", field=name)
         if float in self.types and isinstance(value, int):
             return float(value)
+        if int in self.types and isinstance(value, float) and value.is_integer():
+            return int(value)  # JSON has one number type: 5.0 is the integer 5
         if not isinstance(value, self.types):
             raise InvalidRequest(f"{name} must be {self._expected()}", field=name)
         return value

@@ -63,6 +63,8 @@ def _op(
     params: list[dict[str, Any]] | None = None,
     ok_content: dict[str, Any] | None = None,
     more: Mapping[str, str] | None = None,
+    body_required: bool = True,
+    accepted: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     responses: dict[str, Any] = {
         ok: {
@@ -73,11 +75,13 @@ def _op(
         "401": {"description": "no valid bearer token", "content": _json(_ERROR)},
         "403": {"description": "the token's role may not do this", "content": _json(_ERROR)},
     }
+    if accepted is not None:
+        responses["202"] = {"description": "still running: poll its job", "content": accepted}
     for status, why in (more or {}).items():
         responses[status] = {"description": why, "content": _json(_ERROR)}
     op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}], "responses": responses}
     if body is not None:
-        op["requestBody"] = {"required": True, "content": _json(body)}
+        op["requestBody"] = {"required": body_required, "content": _json(body)}
     if params:
         op["parameters"] = params
     return op
@@ -119,6 +123,16 @@ def build_openapi(
             "pods": {"minimum": 1, "maximum": 64},
         },
     )
+    function["oneOf"] = [  # exactly one of them, as ``FunctionSpec.validate`` demands
+        {
+            "required": ["entrypoint"],
+            "properties": {"entrypoint": {"type": "string"}, "command": {"type": "null"}},
+        },
+        {
+            "required": ["command"],
+            "properties": {"command": {"type": "array"}, "entrypoint": {"type": "null"}},
+        },
+    ]
     idempotency = {
         "name": "Idempotency-Key",
         "in": "header",
@@ -137,8 +151,9 @@ def build_openapi(
             }
         }
     }
-    unavailable = {"404": "no such function", "413": "body too large", "503": "shutting down"}
     reused_key = "the Idempotency-Key was used with another body"
+    gone = {"410": "its output and logs are past the retention"}
+    unavailable = {"404": "no such function", "413": "body too large", "503": "shutting down"}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Firepool", "version": "1"},
@@ -188,6 +203,9 @@ def build_openapi(
                     "security": [{"bearer": []}],
                     "responses": {
                         "200": {"description": "stored"},
+                        "400": {"description": "not a sha256 digest"},
+                        "401": {"description": "no valid bearer token"},
+                        "403": {"description": "the token's role may not do this"},
                         "404": {"description": "not stored"},
                     },
                 },
@@ -208,18 +226,15 @@ def build_openapi(
             },
             "/v1/functions/{name}:invoke": {
                 "parameters": [name],
-                "post": {
-                    **_op(
-                        "Invoke and wait for the result (202 with the job id if it is still "
-                        "running after the broker's sync_wait_s)",
-                        body=invoke,
-                        params=[idempotency],
-                        more={
-                            **unavailable,
-                            "422": "the Idempotency-Key was used with another body",
-                        },
-                    ),
-                },
+                "post": _op(
+                    "Invoke and wait for the result (202 with the job id if it is still "
+                    "running after the broker's sync_wait_s)",
+                    body=invoke,
+                    params=[idempotency],
+                    more={**unavailable, "422": reused_key},
+                    accepted=job_made,
+                    body_required=False,
+                ),
             },
             "/v1/functions/{name}/jobs": {
                 "parameters": [name],
@@ -230,6 +245,7 @@ def build_openapi(
                     params=[idempotency],
                     ok_content=job_made,
                     more={**unavailable, "422": reused_key},
+                    body_required=False,
                 ),
             },
             "/v1/jobs": {
@@ -255,7 +271,7 @@ def build_openapi(
             },
             "/v1/jobs/{id}": {
                 "parameters": [job_id],
-                "get": _op("Job status and result", more={"404": "no such job of yours"}),
+                "get": _op("Job status and result", more={"404": "no such job of yours", **gone}),
                 "delete": _op("Cancel a job", more={"404": "no such job of yours"}),
             },
             "/v1/jobs/{id}/logs": {
@@ -271,7 +287,7 @@ def build_openapi(
                         )
                     ],
                     ok_content={"text/plain": {"schema": {"type": "string"}}},
-                    more={"404": "no such job of yours"},
+                    more={"404": "no such job of yours", **gone},
                 ),
             },
             "/v1/pools": {

@@ -23,6 +23,14 @@ def test_decode_fills_defaults_and_accepts_ints_as_numbers() -> None:
     assert out == {"input": None, "priority": 0, "timeout_s": 3.0, "tag": "t"}
 
 
+def test_decode_takes_a_whole_number_written_as_a_float_as_an_integer() -> None:
+    """JSON has one number type, and JSON Schema counts 5.0 as an integer."""
+    out = decode(b'{"tag": "t", "priority": -114.0}', FIELDS)
+    assert out["priority"] == -114 and isinstance(out["priority"], int)
+    with pytest.raises(InvalidRequest, match="priority"):
+        decode(b'{"tag": "t", "priority": 1.5}', FIELDS)
+
+
 @pytest.mark.parametrize(
     ("body", "error", "field"),
     [

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 from openapi_spec_validator import validate
@@ -17,6 +18,7 @@ from starlette.routing import Route
 from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app
 from gateway.broker import Broker
 from gateway.settings import Settings
+from tests.conftest import BrokerServer
 
 INTERNAL = {"/v1/blobs/{sha256}", "/openapi.json"}  # signed pod downloads; the schema itself
 
@@ -46,11 +48,7 @@ def test_every_public_route_and_method_is_declared(tmp_path: Path) -> None:
         for method in route.methods or {"GET"}:
             if method == "HEAD" and "GET" in (route.methods or {"GET"}):
                 continue  # Starlette answers HEAD for every GET
-            if template == "/v1/functions/{}" and method == "POST":
-                template_here = "/v1/functions/{}:invoke"
-            else:
-                template_here = template
-            assert (template_here, method) in declared, (route.path, method)
+            assert (template, method) in declared, (route.path, method)
 
 
 def test_every_path_parameter_is_declared() -> None:
@@ -88,3 +86,25 @@ def test_the_invoke_schema_holds_the_limits_the_broker_enforces(
 ) -> None:
     validator = jsonschema.Draft202012Validator(_body("/v1/functions/{name}/jobs"))
     assert validator.is_valid(body) is valid
+
+
+def test_a_function_names_exactly_one_of_entrypoint_and_command() -> None:
+    validator = jsonschema.Draft202012Validator(_body("/v1/functions"))
+    base = {"name": "f", "sku": "cpu", "package_digest": "0" * 64}
+    assert validator.is_valid({**base, "entrypoint": "m:f"})
+    assert validator.is_valid({**base, "command": ["python3", "-c", "pass"]})
+    assert validator.is_valid({**base, "entrypoint": "m:f", "command": None})
+    assert not validator.is_valid({**base, "entrypoint": "m:f", "command": ["x"]})
+    assert not validator.is_valid(base)
+
+
+def test_a_405_names_the_methods_the_path_has(broker_server: BrokerServer) -> None:
+    with httpx.Client(base_url=broker_server.url) as http:
+        listing = http.request("OPTIONS", "/v1/functions")
+        invoke = http.put("/v1/functions/noop:invoke")
+    assert listing.status_code == 405 and {"GET", "POST"} <= _allow(listing)
+    assert invoke.status_code == 405 and _allow(invoke) == {"POST"}
+
+
+def _allow(resp: httpx.Response) -> set[str]:
+    return {m.strip() for m in resp.headers["allow"].split(",")}
