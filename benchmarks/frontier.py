@@ -40,7 +40,7 @@ import yaml
 from tqdm import tqdm
 
 from benchmarks.loops import FN_DIR, Recorder, _held_unit_seconds, _invoke, peak_concurrency
-from benchmarks.run_log import RunLog
+from benchmarks.run_log import add_log_flag, open_log, still_to_run
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
@@ -211,13 +211,7 @@ def main(argv: list[str]) -> int:
         default=1,
         help="first repeat's seed (repeat i: seed+i), as in the simulator",
     )
-    p.add_argument(
-        "--log",
-        metavar="FILE",
-        default=None,
-        help="append each finished run to FILE (JSON lines) and skip the runs it already "
-        "holds: a crash loses only the run in flight, and a larger --repeats extends it",
-    )
+    add_log_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     try:
@@ -233,10 +227,7 @@ def main(argv: list[str]) -> int:
                 "pattern": args.pattern, "rate": args.rate, "duration": args.duration,
                 "callers": args.callers, "scale": args.scale, "seed": args.seed,
                 "venue": dataclasses.asdict(venue.pool)}  # fmt: skip
-    try:
-        log = RunLog(Path(args.log), campaign) if args.log else None
-    except ValueError as exc:
-        p.error(str(exc))
+    log = open_log(p, args.log, campaign)
     done: dict[tuple[int, str], dict[str, Any]] = dict(log.done) if log else {}
     plan = [(r, arm.name) for r in range(args.repeats) for arm in arms]
     t0 = time.perf_counter()
@@ -244,10 +235,7 @@ def main(argv: list[str]) -> int:
         tempfile.TemporaryDirectory(prefix="firepool-frontier-") as tmp,
         tqdm(total=len(plan), desc="frontier", unit="run", file=sys.stderr) as bar,
     ):
-        todo = [key for key in plan if key not in done]
-        if len(todo) < len(plan):  # a resumed campaign
-            bar.update(len(plan) - len(todo))
-            bar.write(f"{len(plan) - len(todo)} runs from {args.log}", file=sys.stderr)
+        todo = still_to_run(plan, log, bar)
         for r, name in todo:
             arm = next(a for a in arms if a.name == name)
             bar.set_postfix_str(f"repeat {r + 1} {name}")

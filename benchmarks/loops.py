@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.run_log import RunLog
+from benchmarks.run_log import RunLog, add_log_flag, open_log, still_to_run
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
@@ -177,13 +177,7 @@ def main(argv: list[str]) -> int:
         help="pause between arms so the previous arm's owner holds expire",
     )
     p.add_argument("--home", default=None, help="keep the broker's state (and broker.log) here")
-    p.add_argument(
-        "--log",
-        metavar="FILE",
-        default=None,
-        help="append each finished run to FILE (JSON lines) and skip the runs it already "
-        "holds: a crash loses only the run in flight, and a larger --repeats extends it",
-    )
+    add_log_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -204,10 +198,7 @@ def main(argv: list[str]) -> int:
     campaign = {"benchmark": "loops", "workload": args.workload, "arms": arms,
                 "agents": args.agents, "scale": args.scale, "cap": args.cap, "seed": args.seed,
                 "hold": args.hold, "settle": args.settle}  # fmt: skip
-    try:
-        log = RunLog(Path(args.log), campaign) if args.log else None
-    except ValueError as exc:
-        p.error(str(exc))
+    log = open_log(p, args.log, campaign)
     done: dict[tuple[int, str], dict[str, Any]] = dict(log.done) if log else {}
     plan = [(r, arm) for r in range(args.repeats)
             for arm in arms[r % len(arms) :] + arms[: r % len(arms)]]  # fmt: skip
@@ -216,10 +207,7 @@ def main(argv: list[str]) -> int:
         tempfile.TemporaryDirectory(prefix="firepool-loops-") as tmp,
         tqdm(total=len(plan), desc=args.workload, unit="run", file=sys.stderr) as bar,
     ):
-        todo = [key for key in plan if key not in done]
-        if len(todo) < len(plan):  # a resumed campaign
-            bar.update(len(plan) - len(todo))
-            bar.write(f"{len(plan) - len(todo)} runs from {args.log}", file=sys.stderr)
+        todo = still_to_run(plan, log, bar)
         home = Path(args.home) if args.home else Path(tmp)
         if todo:
             server = start_broker(home, CATALOG % {"cap": args.cap, "hold": args.hold})

@@ -14,11 +14,15 @@ Single-threaded: one campaign process owns the file.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 Key = tuple[int, str]
 """(repeat, arm) of one run."""
@@ -84,3 +88,35 @@ class RunLog:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+
+
+def add_log_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log",
+        metavar="FILE",
+        default=None,
+        help="append each finished run to FILE (JSON lines) and skip the runs it already "
+        "holds: a crash loses only the run in flight, and a larger --repeats extends it",
+    )
+
+
+def open_log(
+    parser: argparse.ArgumentParser, path: str | None, campaign: Mapping[str, Any]
+) -> RunLog | None:
+    """The campaign's ``--log``, if given; a log it cannot use exits 2 naming why."""
+    if path is None:
+        return None
+    try:
+        return RunLog(Path(path), campaign)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def still_to_run(plan: Sequence[Key], log: RunLog | None, bar: tqdm[Any]) -> list[Key]:
+    """``plan``'s runs the log does not hold, in order; the bar counts the logged ones."""
+    done = log.done if log is not None else {}
+    todo = [key for key in plan if key not in done]
+    if log is not None and len(todo) < len(plan):  # a resumed campaign
+        bar.update(len(plan) - len(todo))
+        bar.write(f"{len(plan) - len(todo)} runs from {log.path}", file=sys.stderr)
+    return todo

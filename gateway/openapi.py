@@ -99,6 +99,11 @@ def _query(name: str, description: str, **schema: Any) -> dict[str, Any]:
     return {"name": name, "in": "query", "description": description, "schema": schema}
 
 
+def _switch(name: str, does: str) -> dict[str, Any]:
+    """A query flag: ``1`` or ``true`` turns it on."""
+    return _query(name, f"1 or true: {does}", type="string", enum=["0", "1", "true", "false"])
+
+
 def build_openapi(
     invoke_fields: Mapping[str, Field],
     function_fields: Mapping[str, Field],
@@ -278,14 +283,7 @@ def build_openapi(
                 "parameters": [job_id],
                 "get": _op(
                     "Job logs, live while it runs",
-                    params=[
-                        _query(
-                            "follow",
-                            "1 or true: stream until the job ends",
-                            type="string",
-                            enum=["0", "1", "true", "false"],
-                        )
-                    ],
+                    params=[_switch("follow", "stream until the job ends")],
                     ok_content={"text/plain": {"schema": {"type": "string"}}},
                     more={"404": "no such job of yours", **gone},
                 ),
@@ -293,14 +291,7 @@ def build_openapi(
             "/v1/pools": {
                 "get": _op(
                     "Pools: pods by state and role, queue, holds, budgets and held unit-seconds",
-                    params=[
-                        _query(
-                            "pods",
-                            "1 or true: list every pod too",
-                            type="string",
-                            enum=["0", "1", "true", "false"],
-                        )
-                    ],
+                    params=[_switch("pods", "list every pod too")],
                 )
             },
             "/healthz": {
