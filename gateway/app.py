@@ -50,6 +50,7 @@ MAX_TEXT = 255
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """``priority`` fits the job store's Integer column (and MySQL's INT)."""
 MAX_TIMEOUT_S = 86400
+"""Longest job timeout a caller may ask for (a day), as ``FunctionSpec.validate``'s."""
 
 
 def check_invoke(body: dict[str, Any]) -> None:
@@ -196,7 +197,7 @@ async def list_functions(request: Request) -> Response:
     return JSONResponse({"functions": [s.to_json() for s in specs]})
 
 
-async def functions(request: Request) -> Response:
+async def function_collection(request: Request) -> Response:
     if request.method == "POST":
         return await create_function(request)
     return await list_functions(request)
@@ -411,7 +412,7 @@ def create_app(broker: Broker) -> Starlette:
     routes = [
         Route("/v1/packages/{sha256}", put_package, methods=["PUT", "HEAD"]),
         Route("/v1/blobs/{sha256}", get_blob, methods=["GET"]),
-        Route("/v1/functions", functions, methods=["GET", "POST"]),
+        Route("/v1/functions", function_collection, methods=["GET", "POST"]),
         Route("/v1/functions/{name}/jobs", submit_job, methods=["POST"]),
         Route("/v1/functions/{name}:invoke", invoke_function, methods=["POST"]),
         Route("/v1/functions/{name}", function_target, methods=["GET", "DELETE"]),
