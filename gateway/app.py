@@ -53,13 +53,14 @@ MAX_TIMEOUT_S = 86400
 """Longest job timeout a caller may ask for (a day), as ``FunctionSpec.validate``'s."""
 
 
-def check_invoke(body: dict[str, Any]) -> None:
+def check_invoke(body: dict[str, Any], raw: bytes) -> None:
     """Refuse, naming the field, what the job store or a later hop could not carry: an
     input nested deeper than ``MAX_NESTING``, a priority past 32 bits, a lease tag or queue
-    longer than the store's columns, a timeout outside (0, 86400] s."""
+    longer than the store's columns, a timeout outside (0, 86400] s. ``raw``: the request
+    body ``body`` was decoded from."""
     if body["timeout_s"] is not None and not 0 < body["timeout_s"] <= MAX_TIMEOUT_S:
         raise InvalidRequest(f"timeout_s must be in (0, {MAX_TIMEOUT_S}]", field="timeout_s")
-    if nests_deeper(body["input"]):
+    if nests_deeper(body["input"], text=raw):
         raise InvalidRequest(f"input nests more than {MAX_NESTING} levels deep", field="input")
     low, high = PRIORITY_RANGE
     if not low <= body["priority"] <= high:
@@ -230,7 +231,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     principal = _principal(request)
     raw = await _json_body(request)
     body = decode(raw, INVOKE_FIELDS)
-    check_invoke(body)
+    check_invoke(body, raw)
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= MAX_TEXT:
         raise InvalidRequest(

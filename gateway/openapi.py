@@ -38,9 +38,7 @@ def body_schema(
     for name, f in fields.items():
         prop: dict[str, Any] = {}
         if object not in f.types:
-            kinds = [_JSON_TYPES[t] for t in f.types]
-            if float in f.types:  # an integer is accepted where a number is meant
-                kinds = [k for k in kinds if k != "integer"]
+            kinds = [_JSON_TYPES[t] for t in f.types]  # "number" takes integers too
             if f.nullable and not f.required:
                 kinds.append("null")
             prop["type"] = kinds[0] if len(kinds) == 1 else kinds

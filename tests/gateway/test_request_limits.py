@@ -3,11 +3,11 @@ a caller sends can strand a job on a leased pod (found by fuzzing the API with s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, nests_deeper
@@ -16,7 +16,7 @@ from gateway.auth import Role
 from gateway.executor import Outcome
 from gateway.retry_policy import decide
 from pod_runtime import job_main
-from tests.conftest import BrokerServer, running_broker
+from tests.conftest import BrokerServer
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
 
@@ -29,16 +29,11 @@ def _nest(depth: int) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
-    catalog = (
-        "budgets: {cpu: 16}\n"
-        "pools:\n"
-        "  cpu: {min_count: 1, max_idle_count: 2, max_count: 4, idle_timeout_s: 120}\n"
-    )
-    with running_broker(tmp_path_factory.mktemp("limits"), catalog) as srv:
-        with srv.client("deployer", Role.DEPLOY) as fp:
-            fp.deploy(BEHAVIOURS, name="nested", sku="cpu", entrypoint="behaviours:nested")
-        yield srv
+def server(broker_server: BrokerServer) -> BrokerServer:
+    """The shared broker (8-pod cpu ceiling) with a function that returns nested lists."""
+    with broker_server.client("deployer", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="nested", sku="cpu", entrypoint="behaviours:nested")
+    return broker_server
 
 
 def _http(server: BrokerServer, role: Role = Role.INVOKE) -> httpx.Client:
@@ -49,6 +44,12 @@ def _http(server: BrokerServer, role: Role = Role.INVOKE) -> httpx.Client:
 def test_the_job_runner_applies_the_same_nesting_limit_as_the_broker() -> None:
     assert (job_main.MAX_NESTING, job_main.ORJSON_MAX_DEPTH) == (MAX_NESTING, ORJSON_MAX_DEPTH)
     assert not nests_deeper(_nest(MAX_NESTING)) and nests_deeper(_nest(MAX_NESTING + 1))
+    # The body's bracket count only ever settles "not deeper"; brackets inside strings
+    # fall through to the exact check.
+    shallow = {"text": "[" * 500}
+    assert not nests_deeper(shallow, text=orjson.dumps({"input": shallow}))
+    deep = _nest(MAX_NESTING + 1)
+    assert nests_deeper(deep, text=orjson.dumps({"input": deep}))
 
 
 def test_an_input_at_the_nesting_limit_runs_and_one_level_deeper_is_refused(
@@ -136,7 +137,7 @@ def _noop_spec(server: BrokerServer) -> dict[str, Any]:
         ({"entrypoint": "noop:noop", "env": {"A\u0000B": "1"}}, "env"),
         ({"entrypoint": "noop:noop", "env": {"A=B": "1"}}, "env"),
         ({"entrypoint": "noop:noop", "env": {"A": "x\u0000y"}}, "env"),
-        ({"entrypoint": "noop:noop", "pods": 5}, "pods"),
+        ({"entrypoint": "noop:noop", "pods": 9}, "pods"),
     ],
 )
 def test_a_function_no_pod_could_run_is_refused_at_registration(
