@@ -47,7 +47,9 @@ class UrlSigner:
 
 
 class LocalPackageStore:
-    """Blobs under ``root/<aa>/<digest>``; safe for concurrent writers of the same digest."""
+    """Blobs under ``root/<aa>/<digest>``; safe for concurrent writers of the same digest,
+    exactly one of which is answered ``put(...) is True`` (the blob is linked into place, which
+    fails if another writer's is already there)."""
 
     def __init__(self, root: Path, signer: UrlSigner, base_url: str, ttl_s: int = 900) -> None:
         self.root = root
@@ -83,10 +85,13 @@ class LocalPackageStore:
                 os.fsync(f.fileno())
             if check is not None:
                 check(Path(tmp))
-            os.replace(tmp, target)
-        except BaseException:
+            # A hard link publishes the blob only if no other writer has: of concurrent
+            # uploads of one digest exactly one is told it created it.
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
             Path(tmp).unlink(missing_ok=True)
-            raise
         return True
 
     def read(self, digest: str) -> bytes:

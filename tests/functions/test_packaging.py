@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from pathlib import Path
 
@@ -64,6 +66,22 @@ def test_the_store_checks_the_digest_and_dedupes(tmp_path: Path) -> None:
         store.put(hashlib.sha256(b"other").hexdigest(), data)
     assert store.put(digest, data) is True
     assert store.put(digest, data) is False
+    assert store.read(digest) == data
+    assert list((tmp_path / "s").rglob(".upload-*")) == []
+
+
+def test_of_concurrent_uploads_of_one_digest_exactly_one_created_it(tmp_path: Path) -> None:
+    """Both writers pass the existence check before either publishes (the barrier in
+    ``check`` holds them there); only one may be told it created the package."""
+    store = LocalPackageStore(tmp_path / "s", UrlSigner(b"k" * 32), "http://x")
+    data = b"payload"
+    digest = hashlib.sha256(data).hexdigest()
+    both_written = threading.Barrier(2, timeout=10)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(
+            pool.map(lambda _: store.put(digest, data, lambda _: both_written.wait()), range(2))
+        )
+    assert sorted(results) == [False, True]
     assert store.read(digest) == data
     assert list((tmp_path / "s").rglob(".upload-*")) == []
 
