@@ -77,10 +77,12 @@ def test_of_concurrent_uploads_of_one_digest_exactly_one_created_it(tmp_path: Pa
     data = b"payload"
     digest = hashlib.sha256(data).hexdigest()
     both_written = threading.Barrier(2, timeout=10)
+
+    def wait_for_the_other(_: Path) -> None:
+        both_written.wait()
+
     with ThreadPoolExecutor(2) as pool:
-        results = list(
-            pool.map(lambda _: store.put(digest, data, lambda _: both_written.wait()), range(2))
-        )
+        results = list(pool.map(lambda _: store.put(digest, data, wait_for_the_other), range(2)))
     assert sorted(results) == [False, True]
     assert store.read(digest) == data
     assert list((tmp_path / "s").rglob(".upload-*")) == []
