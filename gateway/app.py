@@ -87,7 +87,10 @@ OPENAPI = build_openapi(
     INVOKE_FIELDS,
     FUNCTION_FIELDS,
     {  # ``check_invoke``'s limits, for clients and fuzzers
-        "input": {"description": f"any JSON, nested at most {MAX_NESTING} levels"},
+        "input": {
+            "description": f"any JSON, nested at most {MAX_NESTING} levels, its integers "
+            "within 64 bits (signed or unsigned; send wider ones as strings)"
+        },
         "lease_tag": {"maxLength": MAX_TEXT},
         "queue": {"maxLength": MAX_TEXT},
         "priority": {"minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},

@@ -7,6 +7,8 @@ declared fields (absent optional fields are filled with their default).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,13 +56,47 @@ class Field:
         return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in self.types)
 
 
+INTEGER_RANGE = (-(2**63), 2**64 - 1)
+"""The integers a body may hold. orjson, which every hop uses, reads a wider one as a float and
+so silently drops its low digits; such a body is refused instead."""
+
+_LONG_DIGIT_RUN = re.compile(rb"\d{19}")
+"""Every integer outside ``INTEGER_RANGE`` is written with at least 19 digits."""
+
+
 def parse_json(body: bytes) -> Any:
+    """``body`` decoded, refused with ``InvalidRequest`` if it is not JSON or holds an
+    integer outside ``INTEGER_RANGE``."""
     if not body:
         return {}
     try:
-        return orjson.loads(body)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+    if _LONG_DIGIT_RUN.search(body):  # rare: only then is the exact check paid for
+        _check_integer_literals(body)
+    return data
+
+
+def _check_integer_literals(body: bytes) -> None:
+    """Read ``body`` again with the standard library's parser, which hands every integer
+    literal (and nothing inside a string) to ``_exact_integer`` as written."""
+    try:
+        json.loads(body, parse_int=_exact_integer)
+    except RecursionError:  # deeper than any field accepts (inputs nest at most 128 levels)
+        raise InvalidRequest("body nests too deeply") from None
+
+
+def _exact_integer(literal: str) -> int:
+    low, high = INTEGER_RANGE
+    digits = len(literal.lstrip("-"))  # JSON integers have no leading zeros
+    if digits <= 20 and low <= (value := int(literal)) <= high:
+        return value
+    shown = literal if len(literal) <= 40 else f"{literal[:20]}... ({digits} digits)"
+    raise InvalidRequest(
+        f"the integer {shown} is outside [{low}, {high}], the range JSON is carried in "
+        "here (it would arrive as a float, its digits lost); send it as a string"
+    )
 
 
 def decode(body: bytes, fields: Mapping[str, Field]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 from functions.errors import Forbidden, InvalidRequest, Unauthorized, UnknownField
 from gateway.auth import Authenticator, Role
-from gateway.decoding import Field, decode
+from gateway.decoding import INTEGER_RANGE, Field, decode, parse_json
 
 FIELDS = {
     "input": Field((object,)),
@@ -29,6 +29,18 @@ def test_decode_takes_a_whole_number_written_as_a_float_as_an_integer() -> None:
     assert out["priority"] == -114 and isinstance(out["priority"], int)
     with pytest.raises(InvalidRequest, match="priority"):
         decode(b'{"tag": "t", "priority": 1.5}', FIELDS)
+
+
+def test_integers_are_kept_exact_to_64_bits_and_wider_ones_refused_not_rounded() -> None:
+    low, high = INTEGER_RANGE
+    digits = "1234567890" * 3
+    exact = parse_json(f'[{low}, {high}, "{digits}", 1.{digits}, {digits}e0]'.encode())
+    assert exact[:3] == [low, high, digits] and all(isinstance(v, float) for v in exact[3:])
+    for wide in (low - 1, high + 1, int("9" * 300)):
+        with pytest.raises(InvalidRequest, match="send it as a string"):
+            parse_json(b'{"input": {"id": %d}}' % wide)
+    with pytest.raises(InvalidRequest, match="nests too deeply"):
+        parse_json(b"[" * 1020 + str(high + 1).encode() + b"]" * 1020)
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,16 @@ def test_values_the_job_store_cannot_hold_are_refused(
     assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.text
 
 
+def test_an_integer_orjson_would_round_is_refused_and_a_64_bit_one_arrives_exact(
+    server: BrokerServer,
+) -> None:
+    with _http(server) as http:
+        ok = http.post("/v1/functions/noop:invoke", json={"input": {"id": 2**64 - 1}})
+        wide = http.post("/v1/functions/noop/jobs", content=b'{"input": {"id": %d}}' % 2**64)
+    assert ok.status_code == 200 and ok.json()["output"] == {"id": 2**64 - 1}, ok.text
+    assert wide.status_code == 400 and "send it as a string" in wide.text, wide.text
+
+
 def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: BrokerServer) -> None:
     with _http(server) as http:
         resp = http.post("/v1/functions/noop/jobs", json={}, headers={"Idempotency-Key": "k" * 256})
