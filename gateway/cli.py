@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
-from functions.errors import FirepoolError
+from functions.errors import FirepoolError, InvalidRequest
 from functions.sdk import ApiError, Client
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.settings import Settings
@@ -27,11 +28,15 @@ def _print(obj: Any) -> None:
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
+def _gateway_url(args: argparse.Namespace) -> str:
+    return str(args.url or os.environ.get("FIREPOOL_URL", "http://127.0.0.1:8080"))
+
+
 def _client(args: argparse.Namespace) -> Client:
     token = args.token or os.environ.get("FIREPOOL_TOKEN")
     if not token:
         raise SystemExit("set FIREPOOL_TOKEN (mint one with `firepool token --caller NAME`)")
-    return Client(args.url or os.environ.get("FIREPOOL_URL", "http://127.0.0.1:8080"), token)
+    return Client(_gateway_url(args), token)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -106,7 +111,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     try:
         payload = orjson.loads(args.input)
     except orjson.JSONDecodeError as exc:
-        raise SystemExit(f"--input is not JSON: {exc}") from None
+        raise InvalidRequest(f"--input is not JSON: {exc}", field="input") from None
     with _client(args) as fp:
         if args.async_:
             print(fp.submit(args.name, payload, lease_tag=args.tag, queue=args.queue))
@@ -227,6 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except FirepoolError as exc:  # a bad local input, e.g. the catalog ``serve`` loads
         sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except httpx.TransportError as exc:  # refused, unresolvable, timed out: no answer at all
+        sys.stderr.write(
+            f"error: no answer from the gateway at {_gateway_url(args)} "
+            f"({type(exc).__name__}: {exc}); is `firepool serve` running there? "
+            "(--url or FIREPOOL_URL)\n"
+        )
         return 2
 
 

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gateway.auth import Authenticator, Role, load_or_create_key
+from gateway.cli import main
 from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
 from tests.conftest import EXAMPLES
 
@@ -63,6 +66,18 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
     assert job["id"] in {j["id"] for j in listed}
     one = json.loads(_firepool(broker_server, "jobs", job["id"], token=token))
     assert one["output"] == job["output"]
+
+
+def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["--url", url, "--token", "t", "functions"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no answer from the gateway at {url} (ConnectError"), err
+    assert err.count("\n") == 1
+    assert main(["--url", url, "--token", "t", "invoke", "noop", "--input", "{bad"]) == 2
+    assert capsys.readouterr().err.startswith("error: --input is not JSON: ")
 
 
 def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
