@@ -127,6 +127,16 @@ class Client:
     def functions(self) -> list[dict[str, Any]]:
         return list(self._request("GET", "/v1/functions").json()["functions"])
 
+    def function(self, name: str) -> dict[str, Any]:
+        """The latest version of ``name``."""
+        result: dict[str, Any] = self._request("GET", f"/v1/functions/{name}").json()
+        return result
+
+    def delete_function(self, name: str) -> dict[str, Any]:
+        """Hide every version of ``name``: calls to it then answer ``NotFound``."""
+        result: dict[str, Any] = self._request("DELETE", f"/v1/functions/{name}").json()
+        return result
+
     # -- jobs ---------------------------------------------------------------------------
     def _post_job(
         self,

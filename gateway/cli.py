@@ -112,11 +112,18 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         payload = orjson.loads(args.input)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"--input is not JSON: {exc}", field="input") from None
+    options: dict[str, Any] = {
+        "lease_tag": args.tag,
+        "queue": args.queue,
+        "priority": args.priority,
+        "timeout_s": args.timeout,
+        "idempotency_key": args.idempotency_key,
+    }
     with _client(args) as fp:
         if args.async_:
-            print(fp.submit(args.name, payload, lease_tag=args.tag, queue=args.queue))
+            print(fp.submit(args.name, payload, **options))
         else:
-            job = fp.invoke(args.name, payload, lease_tag=args.tag, queue=args.queue)
+            job = fp.invoke(args.name, payload, **options)
             _print(job)
             return 0 if job["state"] == "SUCCEEDED" else 1
     return 0
@@ -141,8 +148,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_functions(args: argparse.Namespace) -> int:
+    if args.delete and not args.name:
+        raise InvalidRequest("--delete needs the function's NAME", field="name")
     with _client(args) as fp:
-        _print(fp.functions())
+        if args.delete:
+            _print(fp.delete_function(args.name))
+        else:
+            _print(fp.function(args.name) if args.name else fp.functions())
     return 0
 
 
@@ -159,13 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="run the broker")
-    s.add_argument("--host", default=None)
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="port to bind (default 8080)")
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("token", help="mint a bearer token (printed as the last line)")
-    s.add_argument("--caller", required=True)
-    s.add_argument("--role", default="invoke", choices=[r.value for r in Role])
+    s.add_argument("--caller", required=True, help="the token's subject: who calls")
+    s.add_argument(
+        "--role", default="invoke", choices=[r.value for r in Role], help="default: %(default)s"
+    )
     s.add_argument("--ttl", type=int, help="lifetime in seconds (default 30 days)")
     s.set_defaults(fn=cmd_token)
 
@@ -176,44 +190,64 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_migrate)
 
     s = sub.add_parser("deploy", help="package DIR and register a function version")
-    s.add_argument("dir", type=Path)
-    s.add_argument("--name", required=True)
-    s.add_argument("--sku", required=True)
-    s.add_argument("--entrypoint")
-    s.add_argument("--command", nargs="+")
-    s.add_argument("--requirements", type=Path)
-    s.add_argument("--env", action="append", metavar="KEY=VALUE")
-    s.add_argument("--timeout", type=float, default=300.0)
-    s.add_argument("--pods", type=int, default=1)
-    s.add_argument("--single-use", action="store_true")
+    s.add_argument(
+        "dir",
+        type=Path,
+        help="the function's code directory (packaged and uploaded once per content)",
+    )
+    s.add_argument("--name", required=True, help="function name: [a-z0-9][a-z0-9_-]{0,62}")
+    s.add_argument("--sku", required=True, help="hardware pool to run on (the catalog's)")
+    s.add_argument("--entrypoint", help="module:function called with the input")
+    s.add_argument("--command", nargs="+", help="a program to run instead of an entrypoint")
+    s.add_argument("--requirements", type=Path, help="a pip requirements file")
+    s.add_argument(
+        "--env", action="append", metavar="KEY=VALUE", help="environment variable (repeatable)"
+    )
+    s.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per attempt (default %(default)s)"
+    )
+    s.add_argument("--pods", type=int, default=1, help="pods per job, a gang (default %(default)s)")
+    s.add_argument(
+        "--single-use", action="store_true", help="a fresh pod per job, deleted after it"
+    )
     s.set_defaults(fn=cmd_deploy)
 
     s = sub.add_parser("invoke", help="invoke a function")
     s.add_argument("name")
-    s.add_argument("--input", default="null", help="JSON input")
-    s.add_argument("--tag", help="lease tag (reuse session)")
-    s.add_argument("--queue")
+    s.add_argument("--input", default="null", help="JSON input (default null)")
+    s.add_argument("--tag", help="lease tag: jobs with one tag reuse the caller's warm pods")
+    s.add_argument("--queue", help="queue name (default: default)")
+    s.add_argument("--priority", type=int, help="higher runs first (default 0)")
+    s.add_argument("--timeout", type=float, help="seconds (default: the function's)")
+    s.add_argument("--idempotency-key", help="a retried call with the same key is one job")
     s.add_argument("--async", dest="async_", action="store_true", help="print the job id")
     s.set_defaults(fn=cmd_invoke)
 
-    s = sub.add_parser("jobs", help="list jobs, or show one")
+    s = sub.add_parser("jobs", help="list your jobs (every caller's for admin), or show one")
     s.add_argument("id", nargs="?")
-    s.add_argument("--state")
-    s.add_argument("--limit", type=int, default=20)
+    s.add_argument("--state", help="only jobs in this state (QUEUED, RUNNING, SUCCEEDED, ...)")
+    s.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        help="at most this many, newest first (default 20, at most 1000)",
+    )
     s.set_defaults(fn=cmd_jobs)
 
     s = sub.add_parser("logs", help="print a job's logs")
     s.add_argument("id")
-    s.add_argument("--follow", action="store_true")
+    s.add_argument("--follow", action="store_true", help="stream until the job ends")
     s.set_defaults(fn=cmd_logs)
 
     s = sub.add_parser("cancel", help="cancel a job")
     s.add_argument("id")
     s.set_defaults(fn=cmd_cancel)
 
-    sub.add_parser("functions", help="list functions").set_defaults(fn=cmd_functions)
+    s = sub.add_parser("functions", help="list functions, show one, or delete one")
+    s.add_argument("name", nargs="?", help="show this function's latest version")
+    s.add_argument("--delete", action="store_true", help="delete NAME (deploy role)")
+    s.set_defaults(fn=cmd_functions)
     sub.add_parser("pools", help="pool status (admin)").set_defaults(fn=cmd_pools)
-
     sub.add_parser("simulate", help="run the virtual-time simulator (simulate --help)")
     return p
 

@@ -101,6 +101,7 @@ class Job:
             "lease_tag": self.lease_tag,
             "queue": self.queue,
             "priority": self.priority,
+            "timeout_s": self.timeout_s,  # the caller's; None: the function's
             "output": self.output,
             "output_expired": self.output_expired,
             "error": self.error,

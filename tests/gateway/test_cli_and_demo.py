@@ -1,4 +1,5 @@
-"""The developer's path: the ``firepool`` CLI and the ``make run`` demo, as subprocesses."""
+"""The developer's path: the ``firepool`` CLI and the ``make run`` demo, as subprocesses (the
+CLI's error exits, which need no broker, in this process)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
 from tests.conftest import EXAMPLES
 
 
-def _firepool(server: BrokerServer, *args: str, token: str | None = None) -> str:
+def _firepool(
+    server: BrokerServer, *args: str, token: str | None = None, exit_code: int = 0
+) -> str:
+    """The command's stdout (its stderr when it is to fail), once it exited ``exit_code``."""
     env = dict(os.environ, FIREPOOL_HOME=str(server.home), FIREPOOL_URL=server.url)
     if token:
         env["FIREPOOL_TOKEN"] = token
@@ -28,8 +32,8 @@ def _firepool(server: BrokerServer, *args: str, token: str | None = None) -> str
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    assert proc.returncode == exit_code, (proc.stdout, proc.stderr)
+    return proc.stdout if exit_code == 0 else proc.stderr
 
 
 def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServer) -> None:
@@ -66,6 +70,20 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
     assert job["id"] in {j["id"] for j in listed}
     one = json.loads(_firepool(broker_server, "jobs", job["id"], token=token))
     assert one["output"] == job["output"]
+    # Every invoke option of the API, and a retried call with one idempotency key is one job.
+    options = ("--priority", "5", "--timeout", "20", "--idempotency-key", "cli-k1", "--async")
+    first = _firepool(broker_server, "invoke", "cli-rollout", *options, token=token)
+    again = _firepool(broker_server, "invoke", "cli-rollout", *options, token=token)
+    assert first == again
+    queued = json.loads(_firepool(broker_server, "jobs", first.strip(), token=token))
+    assert (queued["priority"], queued["timeout_s"]) == (5, 20.0), queued
+    # Show one function, then delete it.
+    shown = json.loads(_firepool(broker_server, "functions", "cli-rollout", token=token))
+    assert shown["name"] == "cli-rollout" and shown["owner"] == "cli-dev"
+    deleted = _firepool(broker_server, "functions", "cli-rollout", "--delete", token=deploy_token)
+    assert json.loads(deleted) == {"deleted": "cli-rollout"}
+    gone = _firepool(broker_server, "invoke", "cli-rollout", token=token, exit_code=2)
+    assert gone.startswith("error: 404 NotFound"), gone
 
 
 def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceback(
@@ -78,6 +96,8 @@ def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceba
     assert err.count("\n") == 1
     assert main(["--url", url, "--token", "t", "invoke", "noop", "--input", "{bad"]) == 2
     assert capsys.readouterr().err.startswith("error: --input is not JSON: ")
+    assert main(["--url", url, "--token", "t", "functions", "--delete"]) == 2
+    assert capsys.readouterr().err == "error: --delete needs the function's NAME\n"
 
 
 def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
