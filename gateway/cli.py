@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from functions.errors import FirepoolError, InvalidRequest
+from functions.errors import FirepoolError, InvalidRequest, Unauthorized
 from functions.sdk import ApiError, Client
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.settings import Settings
@@ -35,7 +35,9 @@ def _gateway_url(args: argparse.Namespace) -> str:
 def _client(args: argparse.Namespace) -> Client:
     token = args.token or os.environ.get("FIREPOOL_TOKEN")
     if not token:
-        raise SystemExit("set FIREPOOL_TOKEN (mint one with `firepool token --caller NAME`)")
+        raise Unauthorized(
+            "no token: set FIREPOOL_TOKEN or --token (mint one with `firepool token --caller NAME`)"
+        )
     return Client(_gateway_url(args), token)
 
 

@@ -87,7 +87,7 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
 
 
 def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceback(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["--url", url, "--token", "t", "functions"]) == 2
@@ -98,6 +98,9 @@ def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceba
     assert capsys.readouterr().err.startswith("error: --input is not JSON: ")
     assert main(["--url", url, "--token", "t", "functions", "--delete"]) == 2
     assert capsys.readouterr().err == "error: --delete needs the function's NAME\n"
+    monkeypatch.delenv("FIREPOOL_TOKEN", raising=False)
+    assert main(["--url", url, "functions"]) == 2
+    assert capsys.readouterr().err.startswith("error: no token: set FIREPOOL_TOKEN or --token")
 
 
 def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
