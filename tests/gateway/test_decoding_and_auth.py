@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from functions.errors import Forbidden, InvalidRequest, Unauthorized, UnknownField
 from gateway.auth import Authenticator, Role
@@ -41,6 +46,40 @@ def test_integers_are_kept_exact_to_64_bits_and_wider_ones_refused_not_rounded()
             parse_json(b'{"input": {"id": %d}}' % wide)
     with pytest.raises(InvalidRequest, match="nests too deeply"):
         parse_json(b"[" * 1020 + str(high + 1).encode() + b"]" * 1020)
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(2**62, 2**66)  # around both ends of the 64-bit range
+    | st.integers(-(2**64), -(2**62))
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet='0123456789-.e"\\[]{} a'),  # digits inside strings too
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=12,
+)
+
+
+def _integers(value: Any) -> Iterator[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        yield value
+    elif isinstance(value, (list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _integers(item)
+
+
+@given(JSON_VALUES)
+def test_a_body_decodes_exactly_as_written_or_is_refused_for_a_wide_integer(value: Any) -> None:
+    """The invariant behind the 64-bit rule: no number is ever silently changed (an integer
+    turned float compares equal to it, so the values are compared re-encoded, type and all)."""
+    body = json.dumps({"input": value}).encode()
+    low, high = INTEGER_RANGE
+    if all(low <= i <= high for i in _integers(value)):
+        assert json.dumps(parse_json(body)) == json.dumps(json.loads(body))
+    else:
+        with pytest.raises(InvalidRequest, match="send it as a string"):
+            parse_json(body)
 
 
 @pytest.mark.parametrize(
