@@ -8,8 +8,7 @@ declared fields (absent optional fields are filled with their default).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +59,14 @@ INTEGER_RANGE = (-(2**63), 2**64 - 1)
 """The integers a body may hold. orjson, which every hop uses, reads a wider one as a float and
 so silently drops its low digits; such a body is refused instead."""
 
-_LONG_DIGIT_RUN = re.compile(rb"\d{19}")
+_DIGITS_MASK = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+"""``bytes.translate`` table: each ASCII digit to ``0``, every other byte to a space."""
+
+_LONG_RUN = b"0" * 19
 """Every integer outside ``INTEGER_RANGE`` is written with at least 19 digits."""
+
+_CONTEXT = 64
+"""Bytes looked at on each side of a long digit run (more whitespace than this: a candidate)."""
 
 
 def parse_json(body: bytes) -> Any:
@@ -73,9 +78,36 @@ def parse_json(body: bytes) -> Any:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
-    if _LONG_DIGIT_RUN.search(body):  # rare: only then is the exact check paid for
+    # A scan in C settles almost every body (16 MB of JSON: ~9 ms, against ~105 ms for
+    # orjson); the exact parse (slow: a Python call per integer) runs only when a candidate
+    # is out of range, to refuse it or to find that it lay inside a string.
+    if any(not _fits(literal) for literal in _long_integer_candidates(body)):
         _check_integer_literals(body)
     return data
+
+
+def _long_integer_candidates(body: bytes) -> Iterator[bytes]:
+    """Each run of 19 or more digits (with its sign) that stands where a JSON integer can:
+    after ``:``, ``[``, ``,`` or the start, before ``,``, ``]``, ``}`` or the end, whitespace
+    aside. Every integer literal outside ``INTEGER_RANGE`` is one; one may also lie inside a
+    string (``"[1234…]"``)."""
+    mask = body.translate(_DIGITS_MASK)
+    start = mask.find(_LONG_RUN)
+    while start >= 0:
+        end = mask.find(b" ", start)
+        end = len(body) if end < 0 else end
+        if body[start - 1 : start] == b"-":
+            start -= 1
+        before = body[max(0, start - _CONTEXT) : start].rstrip()
+        after = body[end : end + _CONTEXT].lstrip()
+        if (not before or before[-1:] in b":[,") and (not after or after[:1] in b",]}"):
+            yield body[start:end]
+        start = mask.find(_LONG_RUN, end)
+
+
+def _fits(literal: bytes) -> bool:
+    low, high = INTEGER_RANGE
+    return len(literal.lstrip(b"-")) <= 20 and low <= int(literal) <= high
 
 
 def _check_integer_literals(body: bytes) -> None:
@@ -90,7 +122,7 @@ def _check_integer_literals(body: bytes) -> None:
 def _exact_integer(literal: str) -> int:
     low, high = INTEGER_RANGE
     digits = len(literal.lstrip("-"))  # JSON integers have no leading zeros
-    if digits <= 20 and low <= (value := int(literal)) <= high:
+    if digits <= 20 and low <= (value := int(literal)) <= high:  # int() of 4,300+ digits raises
         return value
     shown = literal if len(literal) <= 40 else f"{literal[:20]}... ({digits} digits)"
     raise InvalidRequest(

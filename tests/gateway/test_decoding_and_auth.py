@@ -44,6 +44,15 @@ def test_integers_are_kept_exact_to_64_bits_and_wider_ones_refused_not_rounded()
     for wide in (low - 1, high + 1, int("9" * 300)):
         with pytest.raises(InvalidRequest, match="send it as a string"):
             parse_json(b'{"input": {"id": %d}}' % wide)
+    for body in (b"%d" % (high + 1), b"[ \n\t%d\r ]" % (low - 1), b'{"a":1,"b":%d}' % (high + 1)):
+        with pytest.raises(InvalidRequest, match="send it as a string"):
+            parse_json(body)
+    # Where a long digit run is no integer: in a string that looks like JSON, in an exponent
+    # or a fraction. Such bodies are kept as they are (a float literal is a float).
+    looks_like_json = f'{{"s": "[{high + 1}, {low - 1}]"}}'
+    assert parse_json(looks_like_json.encode()) == json.loads(looks_like_json)
+    exponent, fraction = parse_json(b"[1e-%d, 0.%d]" % (high + 1, high + 1))
+    assert exponent == 0.0 and fraction == pytest.approx(0.184467440737, rel=1e-12)
     with pytest.raises(InvalidRequest, match="nests too deeply"):
         parse_json(b"[" * 1020 + str(high + 1).encode() + b"]" * 1020)
 
