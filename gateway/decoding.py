@@ -81,17 +81,17 @@ def parse_json(body: bytes) -> Any:
     # A scan in C settles almost every body (16 MB of JSON: ~9 ms, against ~105 ms for
     # orjson); the exact parse (slow: a Python call per integer) runs only when a candidate
     # is out of range, to refuse it or to find that it lay inside a string.
-    if any(not _fits(literal) for literal in _long_integer_candidates(body)):
+    mask = body.translate(_DIGITS_MASK)
+    if _LONG_RUN in mask and any(not _fits(n) for n in _long_integer_candidates(body, mask)):
         _check_integer_literals(body)
     return data
 
 
-def _long_integer_candidates(body: bytes) -> Iterator[bytes]:
+def _long_integer_candidates(body: bytes, mask: bytes) -> Iterator[bytes]:
     """Each run of 19 or more digits (with its sign) that stands where a JSON integer can:
     after ``:``, ``[``, ``,`` or the start, before ``,``, ``]``, ``}`` or the end, whitespace
     aside. Every integer literal outside ``INTEGER_RANGE`` is one; one may also lie inside a
-    string (``"[1234…]"``)."""
-    mask = body.translate(_DIGITS_MASK)
+    string (``"[1234…]"``). ``mask``: ``body.translate(_DIGITS_MASK)``."""
     start = mask.find(_LONG_RUN)
     while start >= 0:
         end = mask.find(b" ", start)
