@@ -25,7 +25,7 @@ from functions.spec import DIGEST_RE
 
 
 def _check_digest_syntax(digest: str) -> None:
-    if not DIGEST_RE.match(digest):
+    if not DIGEST_RE.fullmatch(digest):
         raise InvalidRequest("a package digest is 64 lowercase hex digits", field="sha256")
 
 

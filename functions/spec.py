@@ -41,11 +41,13 @@ class FunctionSpec:
     owner: str = ""
 
     def validate(self) -> None:
-        if not NAME_RE.match(self.name):
+        if not NAME_RE.fullmatch(self.name):
             raise InvalidRequest("name must match [a-z0-9][a-z0-9_-]{0,62}", field="name")
-        if not DIGEST_RE.match(self.package_digest):
+        if not DIGEST_RE.fullmatch(self.package_digest):
             raise InvalidRequest("package_digest must be 64 hex digits", field="package_digest")
-        if self.requirements_digest is not None and not DIGEST_RE.match(self.requirements_digest):
+        if self.requirements_digest is not None and not DIGEST_RE.fullmatch(
+            self.requirements_digest
+        ):
             raise InvalidRequest(
                 "requirements must be the sha256 of an uploaded requirements file",
                 field="requirements",
@@ -53,7 +55,7 @@ class FunctionSpec:
         if (self.entrypoint is None) == (self.command is None):
             raise InvalidRequest("give exactly one of entrypoint and command", field="entrypoint")
         if self.entrypoint is not None and (
-            not ENTRYPOINT_RE.match(self.entrypoint) or len(self.entrypoint) > 255
+            not ENTRYPOINT_RE.fullmatch(self.entrypoint) or len(self.entrypoint) > 255
         ):
             raise InvalidRequest(
                 "entrypoint must look like module:callable (at most 255 characters)",

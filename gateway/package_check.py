@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 from functions.errors import PackageRejected
-from pod_runtime.archive import ArchiveLimits, validate
+from pod_runtime.archive import MALFORMED_ZIP_ERRORS, ArchiveLimits, validate
 
 
 def check_package_file(path: Path, limits: ArchiveLimits | None = None) -> None:
@@ -25,5 +25,7 @@ def check_package_file(path: Path, limits: ArchiveLimits | None = None) -> None:
             try:
                 with zipfile.ZipFile(f) as zf:
                     validate(zf, mm, size, limits or ArchiveLimits())
-            except zipfile.BadZipFile as exc:
-                raise PackageRejected(f"not a zip archive: {exc}") from None
+            except MALFORMED_ZIP_ERRORS as exc:
+                raise PackageRejected(f"not a valid zip archive: {exc}") from None
+            except NotImplementedError as exc:
+                raise PackageRejected(f"package uses an unsupported zip feature: {exc}") from None

@@ -37,6 +37,15 @@ MiB = 1024 * 1024
 ALLOWED_COMPRESSION = frozenset(
     {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 )
+MALFORMED_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    EOFError,
+    OSError,
+    ValueError,  # UnicodeDecodeError too: a name flagged UTF-8 that is not
+)
+"""What ``zipfile`` raises on a malformed archive (offsets, headers, names, data)."""
 LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 LOCAL_MAGIC = b"PK\x03\x04"
 CHUNK = 1 << 20
@@ -244,14 +253,7 @@ def extract(zip_path: Path, dest: Path, limits: ArchiveLimits) -> int:
     except PackageRejected:
         _empty(dest)
         raise
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        zlib.error,
-        EOFError,
-        OSError,
-        ValueError,
-    ) as exc:
+    except MALFORMED_ZIP_ERRORS as exc:
         _empty(dest)
         raise PackageRejected(f"package is not a valid zip: {exc}") from exc
     except NotImplementedError as exc:

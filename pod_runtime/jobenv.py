@@ -91,7 +91,7 @@ class GpuEnv:
 
 def user_var_allowed(name: str, value: str) -> bool:
     """Whether a caller-supplied variable may reach the job."""
-    if not NAME_RE.match(name) or "\0" in value or len(value) > MAX_VALUE:
+    if not NAME_RE.fullmatch(name) or "\0" in value or len(value) > MAX_VALUE:
         return False
     if name in DENY_NAMES or name in SYSTEM_NAMES or name.startswith(DENY_PREFIXES):
         return False
@@ -153,7 +153,7 @@ def build_job_env(
                 del env[name]
     kept, dropped = filter_user_env(user_env)
     env.update(kept)
-    env.update({k: v for k, v in system_env.items() if NAME_RE.match(k) and "\0" not in v})
+    env.update({k: v for k, v in system_env.items() if NAME_RE.fullmatch(k) and "\0" not in v})
     env.update(agent_env)
     env.update(gpu_variables(gpu))
     return env, dropped

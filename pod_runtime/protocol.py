@@ -68,7 +68,7 @@ def _blob(data: Any, name: str) -> BlobRef | None:
     url, digest = data.get("url"), data.get("digest")
     if not isinstance(url, str) or not url:
         raise InvalidRequest(f"{name}.url must be a non-empty string", field=f"{name}.url")
-    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
         raise InvalidRequest(f"{name}.digest must be 64 lowercase hex", field=f"{name}.digest")
     return BlobRef(url=url, digest=digest)
 
@@ -91,13 +91,13 @@ def decode_spec(data: Any) -> AttemptSpec:
         if key not in SPEC_FIELDS:
             raise UnknownField(f"unknown field {key}", field=str(key))
     attempt_id = data.get("attempt_id")
-    if not isinstance(attempt_id, str) or not ATTEMPT_ID_RE.match(attempt_id):
+    if not isinstance(attempt_id, str) or not ATTEMPT_ID_RE.fullmatch(attempt_id):
         raise InvalidRequest("attempt_id must look like <job-id>:<n>", field="attempt_id")
     entrypoint, command = data.get("entrypoint"), data.get("command")
     if (entrypoint is None) == (command is None):
         raise InvalidRequest("give exactly one of entrypoint and command", field="entrypoint")
     if entrypoint is not None and (
-        not isinstance(entrypoint, str) or not ENTRYPOINT_RE.match(entrypoint)
+        not isinstance(entrypoint, str) or not ENTRYPOINT_RE.fullmatch(entrypoint)
     ):
         raise InvalidRequest("entrypoint must look like module:callable", field="entrypoint")
     if command is not None and (

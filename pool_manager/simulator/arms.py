@@ -58,7 +58,7 @@ def parse_arm(name: str) -> Arm:
     arm = _FIXED.get(name)
     if arm is not None:
         return arm
-    m = _GRID.match(name)
+    m = _GRID.fullmatch(name)
     if m is None:
         known = ", ".join([*_FIXED, "ka<s>", "f<floor>-c<cap>-ka<s>"])
         raise ValueError(f"unknown arm {name!r}; known: {known}")

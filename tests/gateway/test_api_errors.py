@@ -30,6 +30,12 @@ def _symlink_zip() -> bytes:
     return _zip([("ok.py", b"x = 1\n"), (link, b"/etc/passwd")])
 
 
+def _non_utf8_name_zip() -> bytes:
+    """An entry flagged as UTF-8 whose name is not (zipfile raises UnicodeDecodeError)."""
+    raw = _zip([(zipfile.ZipInfo("\u00e9\u00e9.py"), b"x = 1\n")])  # non-ASCII: flagged
+    return raw.replace("\u00e9\u00e9".encode(), b"\xff\xfe\xff\xfe")  # same length
+
+
 def _http(server: BrokerServer, caller: str = "err-user", role: Role = Role.INVOKE) -> httpx.Client:
     return httpx.Client(
         base_url=server.url, headers={"Authorization": f"Bearer {server.token(caller, role)}"}
@@ -135,9 +141,10 @@ def test_a_package_whose_bytes_do_not_match_the_digest_is_rejected_and_not_store
         _zip([("/abs.py", b"x")]),
         _zip([("a\\..\\b.py", b"x")]),
         _symlink_zip(),
+        _non_utf8_name_zip(),
         b"this is not a zip",
     ],
-    ids=["dotdot", "absolute", "backslash", "symlink", "not-a-zip"],
+    ids=["dotdot", "absolute", "backslash", "symlink", "non-utf8-name", "not-a-zip"],
 )
 def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
     broker_server: BrokerServer, archive: bytes
@@ -156,6 +163,34 @@ def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
         )
         assert reg.status_code == 400
         assert reg.json()["error"]["field"] == "package_digest"
+
+
+def test_a_bad_zip_uploaded_as_plain_bytes_is_refused_when_registered(
+    broker_server: BrokerServer,
+) -> None:
+    """Bytes uploaded without ``application/zip`` are stored unchecked (a requirements file);
+    naming them as a function's package checks them then."""
+    archive = _non_utf8_name_zip()
+    digest = hashlib.sha256(archive).hexdigest()
+    with _http(broker_server, role=Role.DEPLOY) as http:
+        put = http.put(f"/v1/packages/{digest}", content=archive)
+        assert put.status_code == 201, put.text
+        reg = http.post(
+            "/v1/functions",
+            json={"name": "badname", "sku": "cpu", "package_digest": digest, "entrypoint": "a:b"},
+        )
+    assert reg.status_code == 422 and reg.json()["error"]["class"] == "PackageRejected", reg.text
+
+
+@pytest.mark.parametrize("field", ["name", "entrypoint", "package_digest"])
+def test_a_trailing_newline_does_not_pass_a_pattern(
+    broker_server: BrokerServer, field: str
+) -> None:
+    body = {"name": "nl", "sku": "cpu", "package_digest": "0" * 64, "entrypoint": "noop:noop"}
+    body[field] += "\n"
+    with _http(broker_server, role=Role.DEPLOY) as http:
+        reg = http.post("/v1/functions", json=body)
+    assert reg.status_code == 400 and reg.json()["error"]["field"] == field, reg.text
 
 
 def test_idempotency_key_same_body_same_job_other_body_422(broker_server: BrokerServer) -> None:
