@@ -49,6 +49,8 @@ MAX_TEXT = 255
 """Longest ``lease_tag``, ``queue`` and Idempotency-Key (the job store's String(255))."""
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """``priority`` fits the job store's Integer column (and MySQL's INT)."""
+MAX_LISTED = 1000
+"""Most jobs one ``GET /v1/jobs`` lists."""
 MAX_TIMEOUT_S = 86400
 """Longest job timeout a caller may ask for (a day), as ``FunctionSpec.validate``'s."""
 
@@ -96,6 +98,7 @@ OPENAPI = build_openapi(
         "priority": {"minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},
         "timeout_s": {"exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
     },
+    MAX_LISTED,
 )
 
 
@@ -129,6 +132,17 @@ def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
     principal = broker.auth.authenticate(request.headers.get("authorization"))
     principal.require(role)
     return principal
+
+
+def query_switch(request: Request, name: str) -> bool:
+    """An on/off query flag: ``1`` or ``true`` on, ``0``, ``false`` or absent off; anything
+    else is refused, naming it (a typo must not silently mean off)."""
+    value = request.query_params.get(name)
+    if value in ("1", "true"):
+        return True
+    if value is None or value in ("0", "false"):
+        return False
+    raise InvalidRequest(f"{name} must be 1, true, 0 or false (got {value!r})", field=name)
 
 
 def _broker(request: Request) -> Broker:
@@ -280,18 +294,18 @@ async def list_jobs(request: Request) -> Response:
     principal = _principal(request)
     state = request.query_params.get("state")
     states = None
-    if state:
+    if state is not None:
         try:
             states = [JobState(state.upper())]
         except ValueError:
             raise InvalidRequest(f"unknown state {state!r}", field="state") from None
     caller = None if principal.is_admin else principal.caller
     try:
-        limit = min(int(request.query_params.get("limit", "100")), 1000)
+        limit = int(request.query_params.get("limit", "100"))
     except ValueError:
         raise InvalidRequest("limit must be an integer", field="limit") from None
-    if limit < 1:
-        raise InvalidRequest("limit must be at least 1 (at most 1000 are listed)", field="limit")
+    if not 1 <= limit <= MAX_LISTED:
+        raise InvalidRequest(f"limit must be in [1, {MAX_LISTED}]", field="limit")
     jobs = await broker.jobs.list_jobs(caller=caller, states=states, limit=limit)
     return JSONResponse({"jobs": [j.to_public() for j in jobs]})
 
@@ -300,7 +314,7 @@ async def job_logs(request: Request) -> Response:
     """The job's log: live from rank 0's agent while it runs, from the archive afterwards
     (same byte offsets); ``?follow=1`` streams until the job ends."""
     broker, job = await _visible_job(request)
-    follow = request.query_params.get("follow") in ("1", "true")
+    follow = query_switch(request, "follow")
 
     async def chunks() -> AsyncIterator[bytes]:
         offset = 0
@@ -328,7 +342,7 @@ async def pools(request: Request) -> Response:
     broker = _broker(request)
     _principal(request, Role.ADMIN)
     report = pool_report(broker)
-    if request.query_params.get("pods") in ("1", "true"):
+    if query_switch(request, "pods"):
         report["pod_list"] = [
             {
                 "name": p.name,

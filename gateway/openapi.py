@@ -63,11 +63,15 @@ def _op(
     more: Mapping[str, str] | None = None,
     body_required: bool = True,
     accepted: dict[str, Any] | None = None,
+    also_ok: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``also_ok``: other success statuses (and why), with the same content as ``ok``."""
+    content = ok_content or {"application/json": {"schema": _OBJECT}}
     responses: dict[str, Any] = {
-        ok: {
-            "description": "OK",
-            "content": ok_content or {"application/json": {"schema": _OBJECT}},
+        ok: {"description": "OK", "content": content},
+        **{
+            status: {"description": why, "content": content}
+            for status, why in (also_ok or {}).items()
         },
         "400": {"description": "a bad request: the field is named", "content": _json(_ERROR)},
         "401": {"description": "no valid bearer token", "content": _json(_ERROR)},
@@ -106,8 +110,10 @@ def build_openapi(
     invoke_fields: Mapping[str, Field],
     function_fields: Mapping[str, Field],
     invoke_limits: Mapping[str, Mapping[str, Any]],
+    max_listed: int,
 ) -> dict[str, Any]:
-    """The whole document. ``invoke_limits``: ``app.check_invoke``'s ranges per field."""
+    """The whole document. ``invoke_limits``: ``app.check_invoke``'s ranges per field;
+    ``max_listed``: the largest ``limit`` of ``GET /v1/jobs``."""
     name = _path("name", pattern=NAME_RE.pattern)
     sha = _path("sha256", pattern=DIGEST_RE.pattern)
     job_id = _path("id")
@@ -190,6 +196,7 @@ def build_openapi(
                         "Upload a package zip once (digest checked)",
                         "201",
                         more={"413": "body too large", "422": "digest or zip rejected"},
+                        also_ok={"200": "already stored (`created` is false)"},
                     ),
                     "requestBody": {
                         "required": True,
@@ -260,7 +267,7 @@ def build_openapi(
                             "at most this many",
                             type="integer",
                             minimum=1,
-                            maximum=1000,
+                            maximum=max_listed,
                             default=100,
                         ),
                         _query(

@@ -108,3 +108,10 @@ def test_a_405_names_the_methods_the_path_has(broker_server: BrokerServer) -> No
 
 def _allow(resp: httpx.Response) -> set[str]:
     return {m.strip() for m in resp.headers["allow"].split(",")}
+
+
+def test_both_answers_of_a_package_upload_are_declared() -> None:
+    """201 for the first upload of a digest, 200 (``created`` false) for every later one."""
+    responses = OPENAPI["paths"]["/v1/packages/{sha256}"]["put"]["responses"]
+    assert {"200", "201"} <= set(responses)
+    assert responses["200"]["content"] == responses["201"]["content"]

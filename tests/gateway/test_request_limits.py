@@ -127,11 +127,34 @@ def test_an_empty_idempotency_key_is_refused_not_matched_to_another_job(
         assert resp.status_code == 400 and resp.json()["error"]["field"] == "Idempotency-Key"
 
 
-@pytest.mark.parametrize("limit", ["0", "-1", "-9223372036854775809"])
-def test_a_job_listing_limit_below_one_is_refused(server: BrokerServer, limit: str) -> None:
-    with _http(server) as http:
-        resp = http.get("/v1/jobs", params={"limit": limit})
-    assert resp.status_code == 400 and resp.json()["error"]["field"] == "limit", resp.text
+@pytest.mark.parametrize(
+    ("path", "params", "field"),
+    [
+        ("/v1/jobs", {"limit": "0"}, "limit"),
+        ("/v1/jobs", {"limit": "-1"}, "limit"),
+        ("/v1/jobs", {"limit": "-9223372036854775809"}, "limit"),
+        ("/v1/jobs", {"limit": "1001"}, "limit"),
+        ("/v1/jobs", {"limit": "ten"}, "limit"),
+        ("/v1/jobs", {"state": ""}, "state"),
+        ("/v1/jobs", {"state": "DONE"}, "state"),
+        ("/v1/pools", {"pods": "yes"}, "pods"),
+        ("/v1/pools", {"pods": ""}, "pods"),
+    ],
+)
+def test_a_query_value_outside_its_schema_is_refused_not_ignored(
+    server: BrokerServer, path: str, params: dict[str, str], field: str
+) -> None:
+    with _http(server, Role.ADMIN) as http:
+        resp = http.get(path, params=params)
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.text
+
+
+def test_the_edges_of_the_listing_limit_and_the_switches_are_accepted(server: BrokerServer) -> None:
+    with _http(server, Role.ADMIN) as http:
+        for params in ({"limit": "1"}, {"limit": "1000"}, {"state": "succeeded"}):
+            assert http.get("/v1/jobs", params=params).status_code == 200, params
+        for value in ("0", "1", "true", "false"):
+            assert http.get("/v1/pools", params={"pods": value}).status_code == 200, value
 
 
 def _noop_spec(server: BrokerServer) -> dict[str, Any]:
