@@ -52,7 +52,7 @@ def test_integers_are_kept_exact_to_64_bits_and_wider_ones_refused_not_rounded()
     looks_like_json = f'{{"s": "[{high + 1}, {low - 1}]"}}'
     assert parse_json(looks_like_json.encode()) == json.loads(looks_like_json)
     exponent, fraction = parse_json(b"[1e-%d, 0.%d]" % (high + 1, high + 1))
-    assert exponent == 0.0 and fraction == pytest.approx(0.184467440737, rel=1e-12)
+    assert exponent == 0.0 and fraction == float(f"0.{high + 1}")
     with pytest.raises(InvalidRequest, match="nests too deeply"):
         parse_json(b"[" * 1020 + str(high + 1).encode() + b"]" * 1020)
 
