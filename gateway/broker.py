@@ -67,7 +67,10 @@ class Broker:
             settings.package_url_ttl_s,
         )
         self.backend: PodBackend = backend or LocalBackend(
-            home / "pods", sandbox=settings.sandbox, gpus=GpuInventory(self.catalog.gpus)
+            home / "pods",
+            sandbox=settings.sandbox,
+            gpus=GpuInventory(self.catalog.gpus),
+            private=[home],  # its signing key, job store, packages and logs
         )
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger

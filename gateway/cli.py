@@ -74,7 +74,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from gateway.harness import kill_pods
 
     settings = Settings.from_env()
-    pods = sorted((settings.home / "pods").glob("*/pod.json"))
+    pods = sorted((settings.home / "pods").glob("*.json"))
     kill_pods(settings.home)
     print(f"stopped {len(pods)} local pod(s) under {settings.home / 'pods'}")
     return 0

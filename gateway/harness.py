@@ -34,8 +34,8 @@ def free_port() -> int:
 
 def kill_pods(home: Path) -> None:
     """Stop every local pod under ``home`` (they outlive the broker by design)."""
-    for pod_dir in sorted((home / "pods").glob("*/")):
-        stop_pod(pod_dir)
+    for meta in sorted((home / "pods").glob("*.json")):
+        stop_pod(meta.with_suffix(""))
 
 
 @dataclass

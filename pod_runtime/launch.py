@@ -6,7 +6,9 @@ the pod (pods outlive the broker, like Kubernetes pods, so ``--die-with-parent``
 The sandbox (``bwrap``, run as root here): new PID, mount and IPC namespaces and session;
 ``/`` read-only (the venv included); a minimal ``/dev`` plus the NVIDIA device nodes; private
 tmpfs ``/tmp``, ``/dev/shm`` and package directory (``workspace/pkg``, unpacked on every job,
-so kept in memory); the pod directory is the only writable tree; all capabilities
+so kept in memory); the broker's state directory replaced by an empty one (``hidden``: its
+signing key, job store, packages, logs, the other pods and every pod's metadata are out of
+sight); the pod directory is the only writable tree; all capabilities
 dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
 prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
 and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
@@ -74,9 +76,10 @@ PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
 """Replaced by empty tmpfs mounts inside the sandbox."""
 
 
-def _runtime_paths(python: str) -> list[str]:
+def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
     """Where the pod's interpreter and code live, when a private mount would hide them (a
-    checkout or virtual environment under /tmp, as CI makes): bound read-only again."""
+    checkout or virtual environment under /tmp, as CI makes, or under a ``hidden`` path):
+    bound read-only again."""
     here = Path(__file__).resolve().parent.parent  # the tree that holds pod_runtime
     candidates = {
         sys.prefix,
@@ -90,7 +93,8 @@ def _runtime_paths(python: str) -> list[str]:
     hidden = sorted(
         p
         for p in (os.path.abspath(c) for c in candidates)
-        if os.path.isdir(p) and any(p == m or p.startswith(m + "/") for m in PRIVATE_MOUNTS)
+        if os.path.isdir(p)
+        and any(p == m or p.startswith(m + "/") for m in (*PRIVATE_MOUNTS, *hidden))
     )
     kept: list[str] = []
     for path in hidden:  # shortest first: skip paths already inside a kept one
@@ -100,16 +104,23 @@ def _runtime_paths(python: str) -> list[str]:
 
 
 def _bwrap_argv(
-    pod_dir: Path, network: bool, cgroup_dir: Path | None, python: str = sys.executable
+    pod_dir: Path,
+    network: bool,
+    cgroup_dir: Path | None,
+    python: str = sys.executable,
+    hidden: Sequence[Path] = (),
 ) -> list[str]:
     pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
         argv += ["--dev-bind", node, node]
     argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-    for path in _runtime_paths(python):
+    masked = [str(Path(h).resolve()) for h in hidden]
+    for path in masked:  # the broker's state: keys, job store, other pods, pod metadata
+        argv += ["--tmpfs", path]
+    for path in _runtime_paths(python, masked):
         argv += ["--ro-bind", path, path]
-    argv += ["--bind", str(pod_dir), str(pod_dir)]
+    argv += ["--bind", str(pod_dir), str(pod_dir)]  # its own directory, inside a hidden one
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.
     argv += ["--size", str(PKG_TMPFS_BYTES), "--tmpfs", pkg]
@@ -135,8 +146,11 @@ def agent_command(
     gpu_uuids: Sequence[str] = (),
     sandbox: bool | None = None,
     extra_args: Sequence[str] = (),
+    hidden: Sequence[Path] = (),
 ) -> list[str]:
-    """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never."""
+    """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never.
+    ``hidden``: directories the sandbox replaces with empty ones (the pod's own directory,
+    if inside one, stays visible); without a sandbox nothing is hidden."""
     global _warned
     pod_dir = Path(pod_dir).resolve()
     agent = [
@@ -174,7 +188,8 @@ def agent_command(
     pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
     argv = agent
     if use_sandbox:
-        argv = [*_bwrap_argv(pod_dir, network, pod_cgroup, python), *agent, "--sandboxed"]
+        sandbox_argv = _bwrap_argv(pod_dir, network, pod_cgroup, python, hidden)
+        argv = [*sandbox_argv, *agent, "--sandboxed"]
     if pod_cgroup is None:
         return argv
     # Join the pod's cgroup before exec, from outside any namespace: everything the pod

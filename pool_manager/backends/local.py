@@ -1,9 +1,18 @@
 """Local pod backend: each pod is a ``pod_runtime`` agent process on this machine.
 
-Every pod gets a directory ``root/<name>/`` holding its workspace, caches, the agent's unix
-socket and ``pod.json`` (labels and annotations, written atomically), and runs in its own
-session so it outlives the broker, like a Kubernetes pod outlives its controller. ``list``
-rebuilds the backend's view from the ``pod.json`` files after a restart.
+Every pod gets a directory ``root/<name>/`` holding its workspace, caches and the agent's unix
+socket, and runs in its own session so it outlives the broker, like a Kubernetes pod outlives
+its controller. Its labels and annotations (owner, tag, hold, the launcher's pid) live beside
+that directory, in ``root/<name>.json`` (written atomically), where the pod's jobs cannot
+reach them: a sandboxed pod sees ``root`` (and every other ``private`` path) as an empty
+directory with only its own directory in it. ``list`` rebuilds the backend's view from those
+files after a restart, so what a job writes can never change which caller owns its pod, nor
+which process a delete kills. (Without a sandbox a job runs as the broker's user: no
+isolation between callers, as the launcher warns when it starts the first pod.)
+
+A pod's environment is the broker's filtered to ``POD_ENV_NAMES`` and ``POD_ENV_PREFIXES``
+(paths, locale, proxies, certificates, package-index and GPU settings), like a pod template's
+environment; the broker's own configuration and credentials never reach a job.
 
 Concurrency: methods run on the broker's event loop; the slow parts (spawning, killing,
 removing trees) run in worker threads.
@@ -27,6 +36,29 @@ from pod_runtime.launch import agent_command
 from pool_manager.backends.base import BackendPod
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.catalog import PoolSpec
+
+POD_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+        "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy",
+        "https_proxy", "no_proxy",
+    }
+)  # fmt: skip
+"""Variables of the broker's environment a pod inherits by name."""
+POD_ENV_PREFIXES = ("LC_", "PIP_", "UV_", "CUDA_", "NVIDIA_", "NCCL_", "FIREPOOL_AGENT_")
+"""... and by prefix (``FIREPOOL_AGENT_*``: the agent's own options, never passed to jobs)."""
+
+
+def pod_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a pod starts with: ``env`` (the broker's) kept to the names and
+    prefixes above."""
+    return {k: v for k, v in env.items() if k in POD_ENV_NAMES or k.startswith(POD_ENV_PREFIXES)}
+
+
+def meta_path(pod_dir: Path) -> Path:
+    """Where the backend keeps the labels and annotations of the pod in ``pod_dir``."""
+    return pod_dir.with_name(pod_dir.name + ".json")
 
 
 def pid_alive(pid: int) -> bool:
@@ -55,7 +87,7 @@ def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: flo
     pod's cgroup where there is one), kill the pod cgroup, then SIGKILL what is left of the
     launcher's process group. Blocking; safe on a pod that is already gone."""
     try:
-        meta = json.loads((pod_dir / "pod.json").read_text())
+        meta = json.loads(meta_path(pod_dir).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         meta = {}
     pid = meta.get("pid")
@@ -84,11 +116,14 @@ class LocalBackend:
         python: str = sys.executable,
         sandbox: bool | None = None,
         gpus: GpuInventory | None = None,
+        private: Sequence[Path] = (),
     ):
+        """``private``: directories no pod may see besides ``root`` (the broker's state)."""
         self.root = root.resolve()  # pods run elsewhere (their own cwd): never relative
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.sandbox = sandbox
+        self.private = (self.root, *(Path(p).resolve() for p in private))
         self.gpus = gpus or GpuInventory({})
         self._children: set[int] = set()
 
@@ -103,7 +138,7 @@ class LocalBackend:
                 self._children.discard(pid)
 
     def _meta_path(self, name: str) -> Path:
-        return self.root / name / "pod.json"
+        return meta_path(self.root / name)
 
     def _write_meta(self, name: str, meta: Mapping[str, object]) -> None:
         path = self._meta_path(name)
@@ -156,6 +191,7 @@ class LocalBackend:
             gpu_uuids=cards,
             sandbox=self.sandbox,
             extra_args=limit_args(pool),
+            hidden=self.private,
         )
         created = time.time()
         meta: dict[str, object] = {
@@ -174,7 +210,7 @@ class LocalBackend:
         pid = os.posix_spawnp(
             argv[0],
             argv,
-            dict(os.environ),
+            pod_environment(os.environ),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (
@@ -209,6 +245,7 @@ class LocalBackend:
     def _kill(self, name: str) -> None:
         stop_pod(self.root / name, reap=self._reap)
         shutil.rmtree(self.root / name, ignore_errors=True)
+        self._meta_path(name).unlink(missing_ok=True)  # last: ``list`` shows it until gone
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self._kill, name)
@@ -216,8 +253,8 @@ class LocalBackend:
     def _list(self) -> list[BackendPod]:
         self._reap()
         pods = []
-        for entry in sorted(self.root.iterdir()):
-            meta = self._read_meta(entry.name) if entry.is_dir() else None
+        for entry in sorted(self.root.glob("*.json")):
+            meta = self._read_meta(entry.stem)
             if meta is None:
                 continue
             pid = meta.get("pid")

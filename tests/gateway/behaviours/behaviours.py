@@ -55,3 +55,26 @@ def nested(request):
     for _ in range(int(request) - 1):
         value = [value]
     return value
+
+
+def snoop(request):
+    """What a job can see of the broker's state directory ``request`` and of its own pod's
+    records, and what it can do to them (tests/gateway/test_pod_isolation.py)."""
+    import pathlib
+
+    home = pathlib.Path(request)
+    pods = home / "pods"
+    seen = {
+        "home": sorted(p.name for p in home.iterdir()) if home.is_dir() else None,
+        "pods": sorted(p.name for p in pods.iterdir()) if pods.is_dir() else None,
+        "canaries": sorted(k for k, v in os.environ.items() if "canary" in v),
+        "wrote": [],
+    }
+    for name in seen["pods"] or []:  # try to disown the pod: rewrite or shadow its records
+        for target in (pods / f"{name}.json", pods / name / "pod.json"):
+            try:
+                target.write_text('{"annotations": {}}')
+                seen["wrote"].append(str(target.relative_to(home)))
+            except OSError:
+                pass
+    return seen

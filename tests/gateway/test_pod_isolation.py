@@ -1,0 +1,62 @@
+"""A job cannot see the broker's state nor rewrite what the broker knows of its pod (found by
+an adversarial run: a job that rewrote its pod's record could, after a broker restart, have
+its pod handed to another caller, and make a delete kill any process group it named).
+
+The sandbox hides the broker's state directory (signing key, job store, packages, logs, other
+pods and every pod's record), and a pod inherits only a whitelisted environment. Needs
+bubblewrap: without it pods are plain processes, and this test says so as it skips.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from functions.sdk import Client
+from gateway.auth import Role
+from gateway.harness import BrokerServer, kill_pods, start_broker
+from pod_runtime.launch import sandbox_status
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[BrokerServer]:
+    sandboxed, why = sandbox_status()
+    if not sandboxed:
+        pytest.skip(f"pods are not sandboxed here: {why}")
+    # Not under /tmp, which every sandbox replaces anyway: a state directory elsewhere (as
+    # ./.firepool is) must be hidden by the sandbox itself.
+    home = Path(tempfile.mkdtemp(prefix="firepool-isolation-", dir="/var/tmp"))
+    secrets = {"FIREPOOL_TOKEN": "canary-token", "AWS_SECRET_ACCESS_KEY": "canary-aws"}
+    server = start_broker(home, "pools:\n  cpu: {max_count: 2}\n", extra_env=secrets)
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="snoop", sku="cpu", entrypoint="behaviours:snoop")
+        yield server
+    finally:
+        server.stop()
+        kill_pods(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_brokers_secrets(
+    server: BrokerServer,
+) -> None:
+    with Client(server.url, server.token("snooper", Role.INVOKE)) as fp:
+        job = fp.invoke("snoop", str(server.home), lease_tag="t")
+    assert job["state"] == "SUCCEEDED", job
+    pod = job["attempts"][-1]["pods"][0]
+    seen = job["output"]
+    assert seen["home"] == ["pods"], seen  # no signing.key, jobs.db, packages, logs
+    assert seen["pods"] == [pod], seen  # no other pod, no pod's record
+    assert seen["canaries"] == [], seen  # the broker's environment stayed with the broker
+    # What the job wrote in its view changed nothing the broker keeps.
+    record = json.loads((server.home / "pods" / f"{pod}.json").read_text())
+    assert record["annotations"]["firepool/owner"] == "snooper", record
+    assert not (server.home / "pods" / f"{pod}.json").read_text().startswith('{"annotations": {}')
