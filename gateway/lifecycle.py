@@ -139,7 +139,9 @@ class PodRecycler:
 
     async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
         offset = 0
-        for _ in range(1000):  # bounded: logs are capped at the agent
+        # Bounded: the agent caps each attempt's log (pod_runtime.settings.MAX_LOG_BYTES,
+        # 64 MiB unless a pod was started otherwise) and answers at most 1 MiB per call.
+        for _ in range(1000):
             chunk = await self.agents.logs(endpoint, attempt_id, offset)
             if not chunk or not chunk.get("data"):
                 return

@@ -12,6 +12,8 @@ authoritative for job state; pod annotations are authoritative for ownership.
      its pods: known to the agent → the pods are restored as leased to the job, and the
      attempt is re-attached (still running) or finalized without a retry (finished during the
      outage); unknown (never launched) or pods gone → re-queued with a fresh attempt id.
+     A re-attached attempt is waited for as long as a dispatched one: the job's own
+     ``timeout_s``, else its function's, plus the executor's grace.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.executor import Outcome
+from functions.spec import FunctionSpec
+from gateway.executor import GRACE_S, Outcome
 from gateway.jobs import Job
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
     from gateway.broker import Broker
 
 log = logging.getLogger("firepool.recovery")
+
+LONGEST_TIMEOUT_S = 86400.0
+"""The longest ``timeout_s`` a function may declare: the wait when its spec is gone."""
 
 
 def _float(value: str | None) -> float | None:
@@ -172,8 +178,24 @@ async def _reset_unbound(
             await broker.backend.delete(name)
 
 
+async def _function_spec(broker: Broker, job: Job) -> FunctionSpec | None:
+    dispatcher = broker.dispatcher
+    spec = dispatcher.specs.get((job.function, job.version))
+    if spec is not None:
+        return spec
+    try:
+        return await dispatcher.functions(job.function, job.version)
+    except Exception as exc:
+        log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
+        return None
+
+
 async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
     attempt_id = job.attempts[-1].id
-    timeout = (job.timeout_s or 86400.0) + 30.0
+    timeout_s = job.timeout_s
+    if not timeout_s:  # the agent was given the function's (executor.attempt_spec)
+        spec = await _function_spec(broker, job)
+        timeout_s = spec.timeout_s if spec is not None else LONGEST_TIMEOUT_S
+    timeout = timeout_s + GRACE_S
     outcome = await broker.dispatcher.executor.wait(pods[0], attempt_id, timeout)
     await broker.dispatcher.finish(job, pods, outcome)

@@ -30,9 +30,9 @@ from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
 from pod_runtime.package import BlobCache
-from pod_runtime.protocol import AttemptSpec, decode_spec
+from pod_runtime.protocol import AttemptSpec, decode_spec, json_safe
 from pod_runtime.reset import Resetter
-from pod_runtime.runner import Attempt, Runner
+from pod_runtime.runner import Attempt, Runner, capped_log_view, truncation_line
 from pod_runtime.settings import AgentSettings, parse_args
 from pod_runtime.zygote import set_child_subreaper
 
@@ -47,7 +47,13 @@ HTTP_STATUS = {
 
 
 def respond(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    """Every answer is JSON: a string orjson refuses (a file name that is not UTF-8, in a
+    reset's reason or an error message) is sent escaped instead (``protocol.safe_text``)."""
+    try:
+        data = orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        data = orjson.dumps(json_safe(body))
+    return web.Response(body=data, status=status, content_type="application/json")
 
 
 def error_response(exc: FirepoolError) -> web.Response:
@@ -251,11 +257,16 @@ class Agent:
         except ValueError as exc:
             raise InvalidRequest("offset must be an integer", field="offset") from exc
         done = attempt.done.is_set()
+        cap = self.settings.max_log_bytes
         try:
             with attempt.log.open("rb") as log:
-                size = os.fstat(log.fileno()).st_size
-                log.seek(min(offset, size))
-                data = log.read(LOG_CHUNK)
+                size = capped_log_view(os.fstat(log.fileno()).st_size, cap)
+                start = min(offset, size)
+                if start < cap:
+                    log.seek(start)
+                    data = log.read(min(LOG_CHUNK, min(size, cap) - start))
+                else:  # past the cap: the truncation line, whatever the file holds there
+                    data = truncation_line(cap)[start - cap : size - cap]
         except FileNotFoundError:
             size, data = 0, b""
         cut = _utf8_boundary(data) if len(data) == LOG_CHUNK else len(data)

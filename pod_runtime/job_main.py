@@ -4,10 +4,12 @@ Runs either in a child forked from the zygote (``run_forked``) or as a fresh int
 (``python -P -m pod_runtime.job_main CONFIG``). Both end in ``_run``, which never returns:
 
 1. become a session leader, join the job's cgroup (if any) so every descendant is tracked,
-2. stdio to the attempt log, the job environment, the package directory as cwd and on
-   ``sys.path`` (after the dependency dir), stdout line-buffered so logs stream,
+2. stdio to the attempt log (the agent caps it when the job exits), the job environment,
+   the package directory as cwd and on ``sys.path`` (after the dependency dir), stdout
+   line-buffered so logs stream,
 3. record ``first_instruction`` (the wall time just before user code) in its own file,
-4. entrypoint mode: import ``mod``, call ``fn(input)``, await a coroutine, write
+4. entrypoint mode: import ``mod``, call ``fn(input)``, await a coroutine, check the return
+   value (JSON, at most ``MAX_NESTING`` deep and ``MAX_OUTPUT_BYTES`` long), write
    ``{"ok": true, "output": ...}`` or ``{"ok": false, "type", "message", "traceback"}`` to the
    result file and ``os._exit`` (0 or 1) without running interpreter teardown;
    command mode: ``execvpe`` the argv (the agent reads ``$FIREPOOL_OUTPUT_FILE`` after exit).
@@ -34,6 +36,13 @@ import orjson
 # own modules (on ``sys.path`` first) may be named like ours. A test checks they agree.
 MAX_NESTING = 128
 ORJSON_MAX_DEPTH = 254
+
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+"""Largest return value, serialized as JSON; a larger one fails the job with
+``FunctionError`` naming its size and this cap. The broker's largest JSON request body
+(``gateway.settings.Settings.max_json_bytes``), so an output is never bigger than an input
+could have been; a test checks they agree (copied: see above). The agent applies it again
+when it reads the result, and to a command's ``$FIREPOOL_OUTPUT_FILE``."""
 
 TRACEBACK_LINES = 40
 TRACEBACK_CHARS = 8000
@@ -118,9 +127,14 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
         traceback.print_exception(exc)
         return _failure(exc)
     try:
-        orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY)
+        size = len(orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY))
     except TypeError as exc:
         return _failure(exc, "return value is not JSON-serializable: ")
+    if size > MAX_OUTPUT_BYTES:
+        too_big = ValueError(
+            f"return value is {size} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte cap"
+        )
+        return _failure(too_big)
     probe = output  # the hops after this one nest it deeper (functions/nesting.py)
     for _ in range(ORJSON_MAX_DEPTH - MAX_NESTING):
         probe = [probe]

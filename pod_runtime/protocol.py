@@ -128,6 +128,33 @@ def decode_spec(data: Any) -> AttemptSpec:
     )
 
 
+def safe_text(text: str) -> str:
+    """``text`` as valid UTF-8. A file name that is not (``os.fsdecode`` keeps its bytes as
+    lone surrogates, which JSON cannot carry) shows each undecodable byte as ``\\xNN``, the
+    way ``repr`` of bytes does; any other lone surrogate as ``\\uDCNN``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every string (keys included) made ``safe_text``: what the agent sends
+    when ``orjson`` refuses a body, so every answer is JSON the broker can read."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 @dataclass(slots=True)
 class AttemptResult:
     """What the agent reports about one attempt; mutated only by the attempt's own task."""

@@ -3,9 +3,11 @@
 Order: kill the job's whole tree and verify via /proc that none of it is alive (bounded wait
 for ``D`` state), then empty the package directory, scratch, per-attempt GPU accounting, the
 pod-private ``/tmp`` and ``/dev/shm`` (only when sandboxed: unsandboxed they are the host's),
-and any extra directory the broker names; then (with NVML) wait briefly for the GPUs'
-compute processes to go. ``clean`` is True only if every step was confirmed; ``reason`` says
-what was not. An unclean pod must be deleted by the broker, never reused.
+and any extra directory the broker names (never following a symlink: each wiped directory,
+and each one leading to it inside the pod, is made a real, owner-writable directory first);
+then (with NVML) wait briefly for the GPUs' compute processes to go. ``clean`` is True only
+if every step was confirmed; ``reason`` says what was not. An unclean pod must be deleted by
+the broker, never reused.
 
 Runs on the event loop; the wipe itself runs in a worker thread. One reset at a time (the
 agent holds its attempt lock around it).
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +30,7 @@ from typing import Any
 from functions.errors import InvalidRequest
 from pod_runtime import proctree, sysvipc
 from pod_runtime.cgroups import JobCgroups
+from pod_runtime.protocol import safe_text
 from pod_runtime.settings import PodLayout
 
 PRIVATE_TMPFS = (Path("/tmp"), Path("/dev/shm"))
@@ -53,6 +57,34 @@ def mount_points() -> list[Path]:
             if len(fields) > 4:
                 points.append(Path(fields[4].replace("\\040", " ")))
     return points
+
+
+def restore_dir(path: Path, base: Path | None = None) -> list[str]:
+    """Make ``path`` a real directory its owner may write, never following a symlink: each
+    component below ``base`` (just ``path`` itself without one) that a job replaced by a
+    symlink or a file is unlinked and made a directory again, a missing one is created, and
+    one that lost its owner's ``rwx`` (a job's ``chmod 0500`` on ``workspace/scratch``)
+    gets it back. Runs after the job's processes are verified dead, so nothing swaps a
+    component between its ``lstat`` and its use. Returns what could not be restored."""
+    parts = [path]
+    if base is not None and path != base and path.is_relative_to(base):
+        below = path.relative_to(base).parts
+        parts = [base.joinpath(*below[: i + 1]) for i in range(len(below))]
+    for part in parts:
+        try:
+            try:
+                info = os.lstat(part)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755)
+                continue
+            if not stat.S_ISDIR(info.st_mode):  # a symlink (never followed) or a file
+                os.unlink(part)
+                os.mkdir(part, 0o755)
+            elif info.st_mode & 0o700 != 0o700:
+                os.chmod(part, stat.S_IMODE(info.st_mode) | 0o700)
+        except OSError as exc:
+            return [f"{safe_text(str(part))}: {exc.strerror}"]
+    return []
 
 
 def empty_dir(path: Path, keep: Path | Collection[Path] | None = None) -> list[str]:
@@ -171,7 +203,8 @@ class Resetter:
         return resolved
 
     def _wipe(self, extra: Sequence[Path]) -> list[str]:
-        targets = list(self.layout.wiped()) + list(extra)
+        root = self.layout.root.resolve()  # below it, each component is checked, not followed
+        targets = [*PodLayout(root).wiped(), *extra]
         if self.sandboxed:
             targets += list(PRIVATE_TMPFS)
         if self._keep is None:
@@ -185,7 +218,8 @@ class Resetter:
         keep = self._keep
         problems: list[str] = []
         for target in targets:
-            problems += empty_dir(target, keep)
+            restored = restore_dir(target, root if target.is_relative_to(root) else None)
+            problems += restored or empty_dir(target, keep)
         if self.sandboxed:  # the pod's own IPC namespace: its SysV objects are the jobs'
             problems += sysvipc.remove_all()
         return problems
@@ -211,7 +245,7 @@ class Resetter:
                 reasons.append(f"job cgroup(s) still populated: {', '.join(stuck)}")
         problems = await asyncio.to_thread(self._wipe, extra)
         if problems:
-            shown = "; ".join(problems[:3])
+            shown = "; ".join(safe_text(p) for p in problems[:3])
             reasons.append(f"{len(problems)} path(s) could not be removed: {shown}")
         if self.gpu_check is not None:
             gpu_problem = await self.gpu_check()

@@ -2,8 +2,14 @@
 
 States: ``running`` → ``succeeded`` | ``failed`` | ``cancelled``; the result is final once
 ``done`` is set and is kept by the agent until acknowledged. Timeout and cancel kill the job's
-whole tree (``proctree``) and the cause decides the error class. ``exit_code`` is set only
-when a job process exited (negative: killed by that signal). Event-loop only; the agent runs
+whole tree (``proctree``) and the cause decides the error class. The agent enforces both
+itself: the wait for the job's exit is bounded by its deadline and ends on a cancel, and a
+killed job's exit must then be reported within ``EXIT_GRACE_S``, else its reporter (the
+zygote, which a job can stop) is killed as broken, which hands the exit to the agent's own
+reaper. ``exit_code`` is set only when a job process exited (negative: killed by that
+signal). Output is capped (``job_main.MAX_OUTPUT_BYTES``), and so is the log
+(``AgentSettings.max_log_bytes``: ``cap_log`` when the job exits, ``capped_log_view`` for
+every read). Event-loop only; the agent runs
 at most one attempt at a time, so a ``Runner`` never has two attempts in flight.
 """
 
@@ -13,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +29,7 @@ from typing import Any, TypeVar
 import orjson
 
 from functions.errors import ErrorClass, FirepoolError
-from pod_runtime import archive, proctree, spawner
+from pod_runtime import archive, job_main, proctree, spawner
 from pod_runtime.cgroups import JobCgroups
 from pod_runtime.deps import Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
@@ -35,6 +42,12 @@ from pod_runtime.settings import AgentSettings
 T = TypeVar("T")
 INSTALL_TIMEOUT_S = 900.0
 """A requirements install that runs longer fails the attempt (the installer is killed)."""
+EXIT_GRACE_S = 2.0
+"""After a kill verified by /proc, how long the job's exit may take to be reported (a
+zygote reports it in milliseconds) before the reporter is deemed broken."""
+RESULT_SLACK_BYTES = 64 * 1024
+"""What the result file may hold beyond the output cap (its envelope, or an error's
+message and traceback); a larger file was not written by ``job_main``."""
 
 
 @dataclass(slots=True)
@@ -49,6 +62,8 @@ class Attempt:
     pid: int | None = None
     spawning: bool = False
     cause: ErrorClass | None = None
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a timeout's or cancel's kill has run: the job's tree is dead (or reported)."""
 
     @property
     def log(self) -> Path:
@@ -133,7 +148,7 @@ class Runner:
         cache = self.layout.gpu_accounting / f"{attempt.spec.attempt_id}.cache"
         return GpuEnv(uuids, self.nvml.memory_mib(uuids), str(cache))
 
-    async def _execute(self, attempt: Attempt) -> int:
+    async def _execute(self, attempt: Attempt) -> int | None:
         spec = attempt.spec
         sys_path = await self._bind(attempt)
         gpu = GpuEnv()
@@ -185,12 +200,42 @@ class Runner:
             attempt.cause = None
             await self.kill(attempt, ErrorClass.CANCELLED)
         try:
-            return await asyncio.wait_for(asyncio.shield(exited), spec.timeout_s)
-        except TimeoutError:
-            await self.kill(attempt, ErrorClass.TIMEOUT)
-            return await exited
+            return await self._wait_exit(attempt, exited)
         finally:
             self.reaper.forget(pid)
+            cap_log(attempt.log, self.settings.max_log_bytes)
+
+    async def _wait_exit(self, attempt: Attempt, exited: asyncio.Future[int]) -> int | None:
+        """The job's exit code, waited for no longer than its deadline or a cancel; None if
+        a killed job's exit could not be observed at all (it survived SIGKILL)."""
+        stop = asyncio.ensure_future(attempt.killed.wait())
+        either: set[asyncio.Future[Any]] = {exited, stop}
+        try:
+            await asyncio.wait(
+                either, timeout=attempt.spec.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop.cancel()
+        if exited.done():
+            return exited.result()
+        await self.kill(attempt, ErrorClass.TIMEOUT)  # no-op when a cancel came first
+        await attempt.killed.wait()
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(exited), EXIT_GRACE_S)
+        if self.zygote is None:
+            return None
+        # The job is dead but its parent, the zygote, does not report it (stopped, say):
+        # killed, its children's zombies reparent to the agent, whose reaper reports them.
+        print(
+            f"agent: zygote did not report the exit of job {attempt.pid} within "
+            f"{EXIT_GRACE_S:.0f} s; killing it (a new one starts for the next job)",
+            file=sys.stderr,
+            flush=True,
+        )
+        await self.zygote.close()
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(exited), EXIT_GRACE_S)
+        return None
 
     async def kill(self, attempt: Attempt, cause: ErrorClass) -> None:
         """Timeout or cancel: record the cause, then kill the job's whole tree."""
@@ -201,15 +246,18 @@ class Runner:
             if attempt.task is not None and not attempt.spawning:
                 attempt.task.cancel()  # still binding: nothing of the job runs yet
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(attempt.pid, signal.SIGKILL)
-        await proctree.terminate(
-            self.scope(),
-            extra_kill=self.cgroups.kill if self.cgroups is not None else None,
-            deadline_s=self.settings.reset_deadline_s,
-        )
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(attempt.pid, signal.SIGKILL)
+            await proctree.terminate(
+                self.scope(),
+                extra_kill=self.cgroups.kill if self.cgroups is not None else None,
+                deadline_s=self.settings.reset_deadline_s,
+            )
+        finally:
+            attempt.killed.set()
 
-    def _collect(self, attempt: Attempt, code: int) -> None:
+    def _collect(self, attempt: Attempt, code: int | None) -> None:
         result, spec = attempt.result, attempt.spec
         result.exit_code = code
         with contextlib.suppress(OSError, ValueError):
@@ -219,6 +267,10 @@ class Runner:
             result.state = "cancelled" if attempt.cause == ErrorClass.CANCELLED else "failed"
             what = "timed out" if attempt.cause == ErrorClass.TIMEOUT else "was cancelled"
             result.fail(attempt.cause, f"the job {what}; its process tree was killed")
+            return
+        if code is None:  # only a killed job's exit can go unobserved: not reached
+            result.state = "failed"
+            result.fail(ErrorClass.INTERNAL, "the job's exit was not observed")
             return
         oom = self.cgroups.oom_killed() if self.cgroups is not None else False
         if oom:
@@ -236,11 +288,16 @@ class Runner:
             result.state = "failed"
             result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
             return
-        result.state = "succeeded"
         try:
-            raw = (attempt.dir / "output.json").read_bytes()
-        except OSError:
+            raw = read_capped(attempt.dir / "output.json", job_main.MAX_OUTPUT_BYTES)
+        except OutputTooLarge as exc:
+            result.state = "failed"
+            result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
             return
+        except OSError:
+            result.state = "succeeded"
+            return
+        result.state = "succeeded"
         try:
             result.output = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -248,8 +305,13 @@ class Runner:
 
     def _collect_entrypoint(self, attempt: Attempt, code: int) -> None:
         result = attempt.result
+        limit = job_main.MAX_OUTPUT_BYTES + RESULT_SLACK_BYTES
         try:
-            outcome = orjson.loads((attempt.dir / "result.json").read_bytes())
+            outcome = orjson.loads(read_capped(attempt.dir / "result.json", limit))
+        except OutputTooLarge as exc:  # not job_main's: the job wrote the file itself
+            result.state = "failed"
+            result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
+            return
         except (OSError, orjson.JSONDecodeError):
             result.state = "failed"
             if code == 0:
@@ -268,6 +330,42 @@ class Runner:
             type=str(outcome.get("type")),
             traceback=str(outcome.get("traceback")),
         )
+
+
+def truncation_line(cap: int) -> bytes:
+    return f"[firepool] log truncated at {cap} bytes\n".encode()
+
+
+def cap_log(log: Path, cap: int) -> None:
+    """Cut ``log`` to its first ``cap`` bytes plus ``truncation_line`` if it is longer (when
+    the job exits: the job writes the file directly, which costs nothing per line)."""
+    with contextlib.suppress(FileNotFoundError):
+        if log.stat().st_size > cap:
+            os.truncate(log, cap)
+            with log.open("ab") as out:
+                out.write(truncation_line(cap))
+
+
+def capped_log_view(size: int, cap: int) -> int:
+    """How many bytes of a ``size``-byte log are ever served: all of a log within ``cap``;
+    else the first ``cap`` and the truncation line (what a daemon of the job appends after
+    ``cap_log``, or a running job past the cap, is never served)."""
+    return size if size <= cap else cap + len(truncation_line(cap))
+
+
+class OutputTooLarge(Exception):
+    """A job's output file is larger than the agent will read."""
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """``path``'s bytes, unless it holds more than ``limit`` (``OutputTooLarge``, naming both:
+    the agent never reads, keeps or sends more than the cap)."""
+    with path.open("rb") as src:
+        data = src.read(limit + 1)
+    if len(data) > limit:
+        size = os.stat(path).st_size
+        raise OutputTooLarge(f"the job's output is {size} bytes, over the {limit}-byte cap")
+    return data
 
 
 async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -3,7 +3,8 @@
 ``python -m pod_runtime.agent --pod-name NAME --pod-dir DIR --listen unix:PATH|tcp:HOST:PORT``
 ``[--preload a,b] [--no-zygote] [--role active|standby] [--gpu-uuid U]... [--no-network-note]``
 ``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
-``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``.
+``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``
+``[--max-log-bytes N]``.
 Frozen after start; apart from one test-only fault-injection variable (``FAULT_ENV``),
 nothing reads the environment.
 """
@@ -64,6 +65,12 @@ class PodLayout:
             path.mkdir(parents=True, exist_ok=True)
 
 
+MAX_LOG_BYTES = 64 * 1024 * 1024
+"""Default cap on one attempt's log file (the job's stdout+stderr, plus what the agent and an
+install wrote there): past it the agent writes one line saying the log was truncated at this
+many bytes and drops the rest, while the job keeps running. The broker copies each log into
+its own archive, so this also bounds what one job costs the broker."""
+
 FAULT_ENV = "FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS"
 """The one variable the agent reads: a test-only fault injection (see AgentSettings)."""
 
@@ -101,6 +108,8 @@ class AgentSettings:
     """Per-job ``pids.max``, where the cgroup pids controller is available."""
     cgroups: bool = True
     """Use a per-job cgroup v2 where writable (False: /proc tracking only)."""
+    max_log_bytes: int = MAX_LOG_BYTES
+    """Cap on each attempt's log file, enforced by the agent (see ``MAX_LOG_BYTES``)."""
     python: str = sys.executable
     """Interpreter for the zygote, exec-mode jobs and dependency installs."""
     fault_unclean_resets: int = 0
@@ -132,9 +141,12 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
     parser.add_argument("--job-memory-max", type=int, default=None)
     parser.add_argument("--job-pids-max", type=int, default=None)
     parser.add_argument("--no-cgroups", action="store_true")
+    parser.add_argument("--max-log-bytes", type=int, default=MAX_LOG_BYTES)
     args = parser.parse_args(argv)
     if not (args.listen.startswith("unix:") or args.listen.startswith("tcp:")):
         parser.error("--listen must be unix:PATH or tcp:HOST:PORT")
+    if args.max_log_bytes < 1:
+        parser.error("--max-log-bytes must be positive")
     return AgentSettings(
         pod_name=args.pod_name,
         pod_dir=args.pod_dir.resolve(),
@@ -154,5 +166,6 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         job_memory_max=args.job_memory_max,
         job_pids_max=args.job_pids_max,
         cgroups=not args.no_cgroups,
+        max_log_bytes=args.max_log_bytes,
         fault_unclean_resets=int(os.environ.get(FAULT_ENV, "0") or 0),
     )

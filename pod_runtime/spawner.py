@@ -7,8 +7,11 @@ anywhere in the agent, so no child watcher competes for exit statuses.
 
 Zygote jobs are children of the zygote; their exit status arrives as a zygote event and
 resolves the same futures. If the zygote dies, its jobs reparent to the agent and the agent's
-own ``waitpid`` resolves them. Event-loop only; one spawn at a time (the agent runs one
-attempt at a time).
+own ``waitpid`` resolves them. A zygote that stops answering (a job can ``SIGSTOP`` its
+parent) is treated as dead: the spawn that finds it stopped, or waits past
+``ZYGOTE_ANSWER_TIMEOUT_S`` for its answer, kills it (``close``), so its children's exits
+reach the agent, and the next spawn starts a new one. Event-loop only; one spawn at a time
+(the agent runs one attempt at a time).
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from typing import Any
 
 import orjson
 
+from pod_runtime import proctree
+
 ZYGOTE_START_TIMEOUT_S = 120.0
+ZYGOTE_ANSWER_TIMEOUT_S = 10.0
+"""A zygote answers a spawn within milliseconds (one fork); one silent this long is broken."""
+STOPPED_STATES = frozenset({"T", "t"})
+"""/proc states of a stopped (SIGSTOP) or traced process: it answers nothing until resumed."""
 
 
 class Reaper:
@@ -176,6 +185,11 @@ class ZygoteClient:
     def _on_exit(self) -> None:
         self.pid = None
 
+    def stopped(self) -> bool:
+        """The zygote is alive but stopped or traced: it will not answer."""
+        proc = proctree.read_proc(self.pid) if self.pid is not None else None
+        return proc is not None and proc.state in STOPPED_STATES
+
     async def _read_events(self) -> None:
         assert self._reader is not None
         while line := await self._reader.readline():
@@ -217,13 +231,28 @@ class ZygoteClient:
 
     async def _spawn(self, cfg: dict[str, Any]) -> int:
         async with self._lock:
-            if self.pid is None or self._writer is None or self._writer.is_closing():
+            if (
+                self.pid is None
+                or self._writer is None
+                or self._writer.is_closing()
+                or self.stopped()
+            ):
                 await self.close()
                 await self.start()
             assert self._writer is not None
-            self._writer.write(orjson.dumps({"op": "spawn", "cfg": cfg}) + b"\n")
-            await self._writer.drain()
-            event = await self._events.get()
+            try:
+                async with asyncio.timeout(ZYGOTE_ANSWER_TIMEOUT_S):
+                    self._writer.write(orjson.dumps({"op": "spawn", "cfg": cfg}) + b"\n")
+                    await self._writer.drain()
+                    event = await self._events.get()
+            except TimeoutError:
+                # Killed: a job it forked meanwhile reparents to the agent, and the reset
+                # that follows this failed attempt kills it.
+                await self.close()
+                raise RuntimeError(
+                    f"zygote did not answer a spawn in {ZYGOTE_ANSWER_TIMEOUT_S:.0f} s; "
+                    "killed (a new one starts for the next job)"
+                ) from None
             if event.get("event") != "spawned":
                 raise RuntimeError("zygote died while forking a job")
             return int(event["pid"])

@@ -1,0 +1,78 @@
+"""A job re-attached after a broker restart is waited for as long as its attempt may run:
+its own ``timeout_s``, else its function's (what the agent was told), never a day.
+
+A unit test of ``recovery._reattach`` over stand-ins for the broker's dispatcher and executor
+(only the two calls it makes): the real restart path is covered end to end by
+``test_recovery.py``, which cannot observe the wait's length without waiting it out."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from functions.spec import FunctionSpec
+from gateway.executor import GRACE_S
+from gateway.jobs import Attempt, Job
+from gateway.recovery import _reattach
+from pool_manager.states import JobState
+
+
+def _broker(spec: FunctionSpec | None, cached: bool) -> tuple[Any, list[float]]:
+    waited: list[float] = []
+
+    async def wait(pod: str, attempt_id: str, timeout: float) -> str:
+        waited.append(timeout)
+        return "outcome"
+
+    async def finish(job: Job, pods: list[str], outcome: str) -> None:
+        assert outcome == "outcome"
+
+    async def functions(name: str, version: int) -> FunctionSpec | None:
+        return spec
+
+    specs = {("slow", 1): spec} if cached and spec is not None else {}
+    dispatcher = SimpleNamespace(
+        executor=SimpleNamespace(wait=wait), finish=finish, specs=specs, functions=functions
+    )
+    return SimpleNamespace(dispatcher=dispatcher), waited
+
+
+def _job(timeout_s: float | None) -> Job:
+    return Job(
+        id="j1",
+        function="slow",
+        version=1,
+        caller="c",
+        sku="cpu",
+        input=None,
+        state=JobState.RUNNING,
+        timeout_s=timeout_s,
+        attempts=[Attempt(id="j1:0", pods=["p1"])],
+    )
+
+
+SPEC = FunctionSpec(
+    name="slow", sku="cpu", package_digest="0" * 64, entrypoint="m:f", timeout_s=42.0
+)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached-spec", "loaded-spec"])
+def test_a_reattached_job_without_a_timeout_waits_its_functions_timeout(cached: bool) -> None:
+    broker, waited = _broker(SPEC, cached)
+    asyncio.run(_reattach(broker, _job(None), ["p1"]))
+    assert waited == [42.0 + GRACE_S]
+
+
+def test_a_reattached_job_with_its_own_timeout_waits_that() -> None:
+    broker, waited = _broker(SPEC, True)
+    asyncio.run(_reattach(broker, _job(5.0), ["p1"]))
+    assert waited == [5.0 + GRACE_S]
+
+
+def test_a_reattached_job_whose_function_is_gone_waits_the_longest_timeout() -> None:
+    broker, waited = _broker(None, False)
+    asyncio.run(_reattach(broker, _job(None), ["p1"]))
+    assert waited == [86400.0 + GRACE_S]
