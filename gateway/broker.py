@@ -33,7 +33,7 @@ from gateway.settings import Settings
 from gateway.store import JobStore, StoreSettings, open_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
-from pool_manager.backends.local import LocalBackend
+from pool_manager.backends.local import LocalBackend, operator_home
 from pool_manager.catalog import Catalog
 from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
@@ -70,7 +70,7 @@ class Broker:
             home / "pods",
             sandbox=settings.sandbox,
             gpus=GpuInventory(self.catalog.gpus),
-            private=[home],  # its signing key, job store, packages and logs
+            private=[home, *operator_home()],  # its keys, job store, packages, logs
         )
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger

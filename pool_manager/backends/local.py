@@ -56,6 +56,14 @@ def pod_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in POD_ENV_NAMES or k.startswith(POD_ENV_PREFIXES)}
 
 
+def operator_home() -> list[Path]:
+    """The broker user's home directory, where credentials conventionally live (``~/.aws``,
+    ``~/.ssh``, ``~/.kube``...): one more directory to hide from pods. None if it is ``/`` or
+    missing (an interpreter or checkout inside it is bound back: ``launch._runtime_paths``)."""
+    home = Path.home().resolve()
+    return [home] if home != Path("/") and home.is_dir() else []
+
+
 def meta_path(pod_dir: Path) -> Path:
     """Where the backend keeps the labels and annotations of the pod in ``pod_dir``."""
     return pod_dir.with_name(pod_dir.name + ".json")

@@ -33,23 +33,34 @@ def server() -> Iterator[BrokerServer]:
     # Not under /tmp, which every sandbox replaces anyway: a state directory elsewhere (as
     # ./.firepool is) must be hidden by the sandbox itself.
     home = Path(tempfile.mkdtemp(prefix="firepool-isolation-", dir="/var/tmp"))
-    secrets = {"FIREPOOL_TOKEN": "canary-token", "AWS_SECRET_ACCESS_KEY": "canary-aws"}
+    operator = home.with_name(home.name + "-operator")  # the broker user's $HOME
+    (operator / ".aws").mkdir(parents=True)
+    (operator / ".aws" / "credentials").write_text("canary")
+    secrets = {
+        "FIREPOOL_TOKEN": "canary-token",
+        "AWS_SECRET_ACCESS_KEY": "canary-aws",
+        "HOME": str(operator),
+    }
     server = start_broker(home, "pools:\n  cpu: {max_count: 2}\n", extra_env=secrets)
     try:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="snoop", sku="cpu", entrypoint="behaviours:snoop")
+            fp.deploy(BEHAVIOURS, name="read", sku="cpu", entrypoint="behaviours:read")
         yield server
     finally:
         server.stop()
         kill_pods(home)
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(operator, ignore_errors=True)
 
 
-def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_brokers_secrets(
+def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_operators_secrets(
     server: BrokerServer,
 ) -> None:
     with Client(server.url, server.token("snooper", Role.INVOKE)) as fp:
         job = fp.invoke("snoop", str(server.home), lease_tag="t")
+        aws = fp.invoke("read", str(server.home) + "-operator/.aws/credentials", lease_tag="t")
+    assert aws["state"] == "FAILED" and "No such file" in aws["error"]["message"], aws
     assert job["state"] == "SUCCEEDED", job
     pod = job["attempts"][-1]["pods"][0]
     seen = job["output"]

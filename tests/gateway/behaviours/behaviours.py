@@ -78,3 +78,9 @@ def snoop(request):
             except OSError:
                 pass
     return seen
+
+
+def read(request):
+    """The text of the file ``request`` (test_pod_isolation: what a job cannot read)."""
+    with open(request) as f:
+        return f.read()
