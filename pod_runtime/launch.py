@@ -103,6 +103,19 @@ def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
     return kept
 
 
+def _layered_mounts(emptied: Sequence[str], bound_back: Sequence[str]) -> list[str]:
+    """bwrap options that empty each of ``emptied`` (a tmpfs) and bind each of ``bound_back``
+    read-only again, applied parent before child so that the deeper rule wins in its subtree:
+    a checkout bound back inside a hidden ``$HOME`` must not bring back a state directory
+    hidden inside the checkout (``./.firepool``). At the same path, emptying wins."""
+    rules = [(Path(p), 1, "--tmpfs") for p in emptied]
+    rules += [(Path(p), 0, "--ro-bind") for p in bound_back]
+    argv: list[str] = []
+    for path, _, option in sorted(rules, key=lambda r: (len(r[0].parts), r[1], str(r[0]))):
+        argv += ["--tmpfs", str(path)] if option == "--tmpfs" else [option, str(path), str(path)]
+    return argv
+
+
 def _bwrap_argv(
     pod_dir: Path,
     network: bool,
@@ -114,12 +127,12 @@ def _bwrap_argv(
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
         argv += ["--dev-bind", node, node]
-    argv += ["--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    argv += ["--proc", "/proc"]
     masked = [str(Path(h).resolve()) for h in hidden]
-    for path in masked:  # the broker's state: keys, job store, other pods, pod metadata
-        argv += ["--tmpfs", path]
-    for path in _runtime_paths(python, masked):
-        argv += ["--ro-bind", path, path]
+    argv += _layered_mounts(
+        [*PRIVATE_MOUNTS, *masked],  # private tmp; the broker's state, keys, other pods
+        _runtime_paths(python, masked),
+    )
     argv += ["--bind", str(pod_dir), str(pod_dir)]  # its own directory, inside a hidden one
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.

@@ -30,16 +30,20 @@ def server() -> Iterator[BrokerServer]:
     sandboxed, why = sandbox_status()
     if not sandboxed:
         pytest.skip(f"pods are not sandboxed here: {why}")
-    # Not under /tmp, which every sandbox replaces anyway: a state directory elsewhere (as
-    # ./.firepool is) must be hidden by the sandbox itself.
-    home = Path(tempfile.mkdtemp(prefix="firepool-isolation-", dir="/var/tmp"))
-    operator = home.with_name(home.name + "-operator")  # the broker user's $HOME
+    # Not under /tmp, which every sandbox replaces anyway. The layout of a checkout in the
+    # broker user's home run with the default state directory: $HOME/proj/.firepool, with
+    # the checkout on the broker's sys.path (PYTHONPATH here), so the sandbox binds it back
+    # inside the hidden $HOME, and must still hide the state directory inside it.
+    base = Path(tempfile.mkdtemp(prefix="firepool-isolation-", dir="/var/tmp"))
+    operator = base / "home"  # the broker user's $HOME
     (operator / ".aws").mkdir(parents=True)
     (operator / ".aws" / "credentials").write_text("canary")
+    home = operator / "proj" / ".firepool"
     secrets = {
         "FIREPOOL_TOKEN": "canary-token",
         "AWS_SECRET_ACCESS_KEY": "canary-aws",
         "HOME": str(operator),
+        "PYTHONPATH": str(home.parent),
     }
     server = start_broker(home, "pools:\n  cpu: {max_count: 2}\n", extra_env=secrets)
     try:
@@ -50,8 +54,7 @@ def server() -> Iterator[BrokerServer]:
     finally:
         server.stop()
         kill_pods(home)
-        shutil.rmtree(home, ignore_errors=True)
-        shutil.rmtree(operator, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_operators_secrets(
@@ -59,7 +62,7 @@ def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_operators_secrets
 ) -> None:
     with Client(server.url, server.token("snooper", Role.INVOKE)) as fp:
         job = fp.invoke("snoop", str(server.home), lease_tag="t")
-        aws = fp.invoke("read", str(server.home) + "-operator/.aws/credentials", lease_tag="t")
+        aws = fp.invoke("read", str(server.home.parent.parent / ".aws/credentials"), lease_tag="t")
     assert aws["state"] == "FAILED" and "No such file" in aws["error"]["message"], aws
     assert job["state"] == "SUCCEEDED", job
     pod = job["attempts"][-1]["pods"][0]
