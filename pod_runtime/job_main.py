@@ -135,15 +135,24 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
             f"return value is {size} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte cap"
         )
         return _failure(too_big)
-    probe = output  # the hops after this one nest it deeper (functions/nesting.py)
+    if nests_too_deep(output):
+        too_deep = ValueError(f"return value nests more than {MAX_NESTING} levels deep")
+        return _failure(too_deep)
+    return {"ok": True, "output": output}
+
+
+def nests_too_deep(output: Any) -> bool:
+    """Whether ``output`` nests deeper than ``MAX_NESTING`` (the hops after this one nest it
+    deeper still: functions/nesting.py). The agent asks too, of a result it did not see
+    this module write."""
+    probe = output
     for _ in range(ORJSON_MAX_DEPTH - MAX_NESTING):
         probe = [probe]
     try:
         orjson.dumps(probe, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:
-        too_deep = ValueError(f"return value nests more than {MAX_NESTING} levels deep")
-        return _failure(too_deep)
-    return {"ok": True, "output": output}
+        return True
+    return False
 
 
 def _run(cfg: dict[str, Any], *, forked: bool) -> NoReturn:

@@ -45,6 +45,8 @@ INSTALL_TIMEOUT_S = 900.0
 EXIT_GRACE_S = 2.0
 """After a kill verified by /proc, how long the job's exit may take to be reported (a
 zygote reports it in milliseconds) before the reporter is deemed broken."""
+TOO_DEEP = f"the job's output nests more than {job_main.MAX_NESTING} levels deep"
+"""Also checked here: a job can write its result file itself, past ``job_main``'s checks."""
 RESULT_SLACK_BYTES = 64 * 1024
 """What the result file may hold beyond the output cap (its envelope, or an error's
 message and traceback); a larger file was not written by ``job_main``."""
@@ -297,11 +299,16 @@ class Runner:
         except OSError:
             result.state = "succeeded"
             return
-        result.state = "succeeded"
         try:
-            result.output = orjson.loads(raw)
+            output = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            result.output = raw.decode("utf-8", "replace")
+            output = raw.decode("utf-8", "replace")
+        if job_main.nests_too_deep(output):
+            result.state = "failed"
+            result.fail(ErrorClass.FUNCTION_ERROR, TOO_DEEP)
+            return
+        result.state = "succeeded"
+        result.output = output
 
     def _collect_entrypoint(self, attempt: Attempt, code: int) -> None:
         result = attempt.result
@@ -319,7 +326,15 @@ class Runner:
             else:
                 result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
             return
+        if not isinstance(outcome, dict):  # not job_main's: the job wrote the file itself
+            result.state = "failed"
+            result.fail(ErrorClass.FUNCTION_ERROR, "the job's result file is not an object")
+            return
         if outcome.get("ok"):
+            if job_main.nests_too_deep(outcome.get("output")):
+                result.state = "failed"
+                result.fail(ErrorClass.FUNCTION_ERROR, TOO_DEEP)
+                return
             result.state = "succeeded"
             result.output = outcome.get("output")
             return

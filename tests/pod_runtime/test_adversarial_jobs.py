@@ -54,6 +54,17 @@ def write_scratch(x):
         f.write("x")
     return os.listdir(os.environ["FIREPOOL_SCRATCH_DIR"])
 
+def forge_result(depth):
+    # Write the result file the runtime would, past its checks, and leave without a word.
+    import json
+    value = []
+    for _ in range(depth - 1):
+        value = [value]
+    attempt_dir = os.path.dirname(os.environ["FIREPOOL_INPUT_FILE"])
+    with open(os.path.join(attempt_dir, "result.json"), "w") as f:
+        f.write(json.dumps({"ok": True, "output": value} if depth else [1]))
+    os._exit(0)
+
 def ok(x):
     return "ok"
 """
@@ -155,6 +166,19 @@ def test_an_attempt_log_is_capped_at_the_agent_and_the_job_keeps_running(
         if chunk["done"]:
             break
     assert data.encode() == log
+
+
+@pytest.mark.parametrize("depth", [0, job_main.MAX_NESTING + 1, 600])
+def test_a_result_file_the_job_forged_is_checked_like_a_return_value(
+    agent: AgentProcess, hostile: dict[str, str], depth: int
+) -> None:
+    """Too deep for the hops after the agent (at 600 levels its own answer could not be
+    encoded), or not an object at all (depth 0): a FunctionError, and the pod stays usable."""
+    result = agent.run(job(f"forge-{depth}:1", hostile, "forge_result", depth))
+    assert result["state"] == "failed", result
+    assert result["error"]["class"] == "FunctionError", result
+    assert agent.reset()["clean"] is True
+    assert agent.run(job(f"forge-{depth}:2", hostile, "ok"))["output"] == "ok"
 
 
 @pytest.mark.parametrize("linked", ["workspace/scratch", "workspace/pkg", "workspace"])
