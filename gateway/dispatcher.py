@@ -349,7 +349,8 @@ class Dispatcher:
             self._resolve(live)
             return live
         if live.state is JobState.RUNNING and live.attempts:
-            await self.executor.cancel(live.attempts[-1].pods, live.attempts[-1].id)
+            attempt = live.attempts[-1]
+            await self.executor.cancel(attempt.pods, attempt.id, abandon=True)
         return live
 
     async def stop(self, drain_s: float) -> None:

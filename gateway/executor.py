@@ -4,7 +4,11 @@ For a single pod the attempt is one request that returns when the job ends (``wa
 a gang starts every rank first, then waits for all of them, and rank 0's result is the job's.
 Rank and rendezvous variables go in ``system_env``, which the agent applies after the user's
 filtered env, so a user cannot override them. An agent that stops answering makes the attempt
-``PodLost`` (retryable); everything else is the function's own outcome.
+``PodLost`` (retryable); everything else is the function's own outcome. A caller's cancel that
+an agent does not answer (a job can stop its own agent) abandons the attempt: it ends
+``cancelled`` at once and its pods are deleted, never waited for nor reused.
+
+Concurrency: event-loop only; ``_abandon`` holds one event per attempt in flight in ``run``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +91,7 @@ class Executor:
         self.agents = agents
         self.endpoints = endpoints
         self.package_url = package_url
+        self._abandon: dict[str, asyncio.Event] = {}
 
     def attempt_spec(
         self, job: Job, spec: FunctionSpec, attempt_id: str, rank: int, world: int, port: int
@@ -133,8 +138,35 @@ class Executor:
         port = _free_port() if world > 1 else 0
         specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]
         if world == 1:
-            return await self._run_one(pods[0], specs[0], timeout)
-        return await self._run_gang(pods, specs, timeout)
+            work = self._run_one(pods[0], specs[0], timeout)
+        else:
+            work = self._run_gang(pods, specs, timeout)
+        return await self._unless_abandoned(attempt_id, pods, work)
+
+    async def _unless_abandoned(
+        self, attempt_id: str, pods: list[str], work: Coroutine[Any, Any, Outcome]
+    ) -> Outcome:
+        """``work``'s outcome, unless ``cancel`` abandons the attempt first."""
+        abandon = self._abandon[attempt_id] = asyncio.Event()
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(abandon.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            self._abandon.pop(attempt_id, None)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        message = "cancelled by caller; the pod's agent did not answer, so its pods are deleted"
+        return Outcome(
+            state="cancelled",
+            error={"class": str(ErrorClass.CANCELLED), "message": message},
+            finished=time.time(),
+            lost_pods=list(pods),
+        )
 
     async def _run_one(self, pod: str, spec: dict[str, Any], timeout: float) -> Outcome:
         endpoint = self.endpoints.get(pod)
@@ -200,9 +232,16 @@ class Executor:
             if loop.time() > deadline:
                 return Outcome.pod_lost([pod], f"{attempt_id} outlived its timeout")
 
-    async def cancel(self, pods: list[str], attempt_id: str) -> None:
+    async def cancel(self, pods: list[str], attempt_id: str, abandon: bool = False) -> None:
+        """Ask each pod's agent to cancel ``attempt_id``. ``abandon`` (a caller's cancel):
+        if an agent does not answer, end the attempt now as cancelled, its pods lost."""
+        silent = False
         for pod in pods:
             endpoint = self.endpoints.get(pod)
             if endpoint is not None:
-                with contextlib.suppress(AgentUnreachable):
+                try:
                     await self.agents.cancel(endpoint, attempt_id)
+                except AgentUnreachable:
+                    silent = True
+        if abandon and silent and attempt_id in self._abandon:
+            self._abandon[attempt_id].set()

@@ -1,0 +1,60 @@
+"""A caller's cancel still ends the job when the pod's agent does not answer it (a job can stop
+its own agent: found by an adversarial run, where the job stayed RUNNING until its timeout plus
+grace). The attempt is abandoned as cancelled and its pod deleted, never reused."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from gateway.auth import Role
+from tests.conftest import BrokerServer
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
+
+def _agent_pid(pod: str) -> int:
+    """The pod's agent process (inside the sandbox's own session: not the launcher's group)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[:4] == [argv[0], b"-P", b"-m", b"pod_runtime.agent"] and pod.encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no agent process for pod {pod}")
+
+
+def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
+    broker_server: BrokerServer,
+) -> None:
+    with broker_server.client("deployer", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="sleeper", sku="cpu", entrypoint="behaviours:sleep")
+    with broker_server.client("stopper") as fp:
+        job_id = fp.submit("sleeper", 120, lease_tag="s", timeout_s=300)
+        deadline = time.monotonic() + 60
+        while (job := fp.job(job_id))["state"] != "RUNNING":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+        time.sleep(1.0)  # handed to the agent: the function is sleeping its 120 s
+        pod = job["attempts"][-1]["pods"][0]
+        agent = _agent_pid(pod)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            fp.cancel(job_id)  # answers once the agent's silence is established (~10 s)
+            job = fp.wait(job_id, timeout_s=30)
+            took = time.monotonic() - start
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGCONT)
+    assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
+    assert took < 60, took  # not the job's 300 s timeout
+    record = broker_server.home / "pods" / f"{pod}.json"
+    deadline = time.monotonic() + 30
+    while record.exists():  # deleted, never reused
+        assert time.monotonic() < deadline, record.read_text()
+        time.sleep(0.1)
