@@ -329,10 +329,11 @@ async def job_logs(request: Request) -> Response:
             offset += len(data)
             if data:
                 yield data
+                if follow or not running:  # chunks of 1 MiB: the archive's rest is there
+                    continue
             if not follow or current.state in TERMINAL_JOB_STATES:
                 return
-            if not data:
-                await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)
 
     return StreamingResponse(chunks(), media_type="text/plain")
 

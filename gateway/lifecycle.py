@@ -23,6 +23,10 @@ from pool_manager.tracker import Tracker
 log = logging.getLogger("firepool.lifecycle")
 
 
+READ_CHUNK = 1 << 20
+"""Most bytes of an archived log read at once (a 64 MiB log is streamed, never held whole)."""
+
+
 class LogArchive:
     """Per-job log files under ``root`` (kept for the result-retention period)."""
 
@@ -38,12 +42,13 @@ class LogArchive:
             with self.path(job_id).open("a", encoding="utf-8") as f:
                 f.write(text)
 
-    def read(self, job_id: str, offset: int = 0) -> bytes:
-        """The archived log from byte ``offset`` (the agent's offsets: the same bytes)."""
+    def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
+        """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
+        offsets: the same bytes)."""
         try:
             with self.path(job_id).open("rb") as f:
                 f.seek(offset)
-                return f.read()
+                return f.read(limit)
         except FileNotFoundError:
             return b""
 

@@ -54,6 +54,20 @@ def test_logs_of_a_job_are_kept_after_it_ends(broker_server: BrokerServer) -> No
     assert followed == text
 
 
+def test_a_log_of_several_chunks_is_served_whole_in_order(broker_server: BrokerServer) -> None:
+    """The archive streams a long log 1 MiB at a time (never held whole in the broker)."""
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="shout", sku="cpu", entrypoint="behaviours:shout")
+    with broker_server.client("ops-logs-long") as fp:
+        job = fp.invoke("shout", 3_500_000)
+        assert job["state"] == "SUCCEEDED", job
+        text = fp.logs(job["id"]).text
+    lines = text.splitlines()
+    assert len(text) >= job["output"] and len(lines) == len(set(lines))
+    assert [line[:13] for line in lines[:2]] == ["line 00000000", "line 00000001"]
+    assert lines[-1].startswith(f"line {len(lines) - 1:08d}"), lines[-1][:20]
+
+
 def test_the_logs_of_a_job_whose_pod_retires_after_it_are_kept(
     broker_server: BrokerServer,
 ) -> None:

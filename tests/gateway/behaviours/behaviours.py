@@ -84,3 +84,15 @@ def read(request):
     """The text of the file ``request`` (test_pod_isolation: what a job cannot read)."""
     with open(request) as f:
         return f.read()
+
+
+def shout(request):
+    """Print ``request`` bytes of numbered lines (test_operations: a log of several chunks)."""
+    written = 0
+    line = 0
+    while written < int(request):
+        text = f"line {line:08d} " + "z" * 80 + "\n"
+        print(text, end="")
+        written += len(text)
+        line += 1
+    return written
