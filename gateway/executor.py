@@ -143,6 +143,13 @@ class Executor:
             work = self._run_gang(pods, specs, timeout)
         return await self._unless_abandoned(attempt_id, pods, work)
 
+    async def reattach(self, pods: list[str], attempt_id: str, timeout: float) -> Outcome:
+        """Wait for an attempt a restarted broker found running (``wait``), unless a caller's
+        cancel abandons it first, as ``run`` does."""
+        return await self._unless_abandoned(
+            attempt_id, pods, self.wait(pods[0], attempt_id, timeout)
+        )
+
     async def _unless_abandoned(
         self, attempt_id: str, pods: list[str], work: Coroutine[Any, Any, Outcome]
     ) -> Outcome:

@@ -197,5 +197,5 @@ async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
         spec = await _function_spec(broker, job)
         timeout_s = spec.timeout_s if spec is not None else LONGEST_TIMEOUT_S
     timeout = timeout_s + GRACE_S
-    outcome = await broker.dispatcher.executor.wait(pods[0], attempt_id, timeout)
+    outcome = await broker.dispatcher.executor.reattach(pods, attempt_id, timeout)
     await broker.dispatcher.finish(job, pods, outcome)

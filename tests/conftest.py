@@ -20,7 +20,7 @@ from gateway.harness import BrokerServer, kill_pods, start_broker
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
 
-__all__ = ["BrokerServer", "deploy_examples", "scratch_database"]
+__all__ = ["BrokerServer", "agent_pid", "deploy_examples", "scratch_database"]
 
 # -- MySQL: tests read FIREPOOL_TEST_MYSQL_URL (a server URL; its database part is ignored) and
 # skip with a visible reason without it; with FIREPOOL_REQUIRE_MYSQL=1 (CI) they fail instead.
@@ -69,6 +69,19 @@ def mysql_url(mysql_server_url: str) -> Iterator[str]:
     """A fresh, empty database on the test server, dropped afterwards."""
     with scratch_database(mysql_server_url) as url:
         yield url
+
+
+def agent_pid(pod: str) -> int:
+    """The pid of ``pod``'s agent process (in the sandbox's own session, so not in the
+    launcher's process group): what a test stops to make an agent fall silent."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[1:4] == [b"-P", b"-m", b"pod_runtime.agent"] and pod.encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no agent process for pod {pod}")
 
 
 def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:

@@ -11,21 +11,9 @@ import time
 from pathlib import Path
 
 from gateway.auth import Role
-from tests.conftest import BrokerServer
+from tests.conftest import BrokerServer, agent_pid
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
-
-
-def _agent_pid(pod: str) -> int:
-    """The pod's agent process (inside the sandbox's own session: not the launcher's group)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if argv[:4] == [argv[0], b"-P", b"-m", b"pod_runtime.agent"] and pod.encode() in argv:
-                return int(entry.name)
-    raise AssertionError(f"no agent process for pod {pod}")
 
 
 def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
@@ -41,7 +29,7 @@ def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
             time.sleep(0.05)
         time.sleep(1.0)  # handed to the agent: the function is sleeping its 120 s
         pod = job["attempts"][-1]["pods"][0]
-        agent = _agent_pid(pod)
+        agent = agent_pid(pod)
         os.kill(agent, signal.SIGSTOP)
         try:
             start = time.monotonic()
@@ -52,6 +40,7 @@ def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(agent, signal.SIGCONT)
     assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
+    assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]
     assert took < 60, took  # not the job's 300 s timeout
     record = broker_server.home / "pods" / f"{pod}.json"
     deadline = time.monotonic() + 30

@@ -23,7 +23,7 @@ from pool_manager.states import JobState
 def _broker(spec: FunctionSpec | None, cached: bool) -> tuple[Any, list[float]]:
     waited: list[float] = []
 
-    async def wait(pod: str, attempt_id: str, timeout: float) -> str:
+    async def reattach(pods: list[str], attempt_id: str, timeout: float) -> str:
         waited.append(timeout)
         return "outcome"
 
@@ -35,7 +35,7 @@ def _broker(spec: FunctionSpec | None, cached: bool) -> tuple[Any, list[float]]:
 
     specs = {("slow", 1): spec} if cached and spec is not None else {}
     dispatcher = SimpleNamespace(
-        executor=SimpleNamespace(wait=wait), finish=finish, specs=specs, functions=functions
+        executor=SimpleNamespace(reattach=reattach), finish=finish, specs=specs, functions=functions
     )
     return SimpleNamespace(dispatcher=dispatcher), waited
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from tests.conftest import agent_pid
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
 CATALOG = (
@@ -42,6 +46,36 @@ def _restart(holder: list[BrokerServer]) -> BrokerServer:
     port = int(old.url.rsplit(":", 1)[1])
     holder[0] = start_broker(old.home, CATALOG, port=port)
     return holder[0]
+
+
+def test_a_reattached_job_whose_agent_falls_silent_can_still_be_cancelled(
+    crashy: list[BrokerServer],
+) -> None:
+    """After a restart the broker re-attaches to the running attempt; a cancel its (stopped)
+    agent does not answer abandons it there too, instead of waiting out its timeout."""
+    with crashy[0].client("reattach-cancel") as fp:
+        job_id = fp.submit("sleep", 120, timeout_s=300)
+        deadline = time.monotonic() + 60
+        while (job := fp.job(job_id))["state"] != "RUNNING":
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+    time.sleep(1.0)  # handed to the agent: the function sleeps
+    server = _restart(crashy)
+    agent = agent_pid(job["attempts"][-1]["pods"][0])
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        with server.client("reattach-cancel") as fp:
+            start = time.monotonic()
+            fp.cancel(job_id)
+            job = fp.wait(job_id, timeout_s=30)
+            took = time.monotonic() - start
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGCONT)
+    assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
+    # Abandoned by the cancel, not found lost by the re-attached wait's next poll (30 s on).
+    assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]
+    assert took < 60, took  # not the job's 300 s timeout
 
 
 def test_a_kill_right_after_a_202_never_loses_the_job(crashy: list[BrokerServer]) -> None:
