@@ -6,21 +6,31 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
 
-__all__ = ["BrokerServer", "agent_pid", "deploy_examples", "scratch_database"]
+__all__ = [
+    "BrokerServer",
+    "agent_pid",
+    "cancel_with_agent_stopped",
+    "deploy_examples",
+    "scratch_database",
+]
 
 # -- MySQL: tests read FIREPOOL_TEST_MYSQL_URL (a server URL; its database part is ignored) and
 # skip with a visible reason without it; with FIREPOOL_REQUIRE_MYSQL=1 (CI) they fail instead.
@@ -82,6 +92,22 @@ def agent_pid(pod: str) -> int:
             if argv[1:4] == [b"-P", b"-m", b"pod_runtime.agent"] and pod.encode() in argv:
                 return int(entry.name)
     raise AssertionError(f"no agent process for pod {pod}")
+
+
+def cancel_with_agent_stopped(fp: Client, job_id: str, pod: str) -> tuple[dict[str, Any], float]:
+    """Stop ``pod``'s agent (SIGSTOP: it falls silent), cancel ``job_id`` and wait for it to
+    end (at most 30 s); return the job and the seconds that took. The agent is resumed after,
+    whatever happened, so the pod can be deleted."""
+    agent = agent_pid(pod)
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        fp.cancel(job_id)  # answers once the agent's silence is established (~10 s)
+        job = fp.wait(job_id, timeout_s=30)
+        return job, time.monotonic() - start
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGCONT)
 
 
 def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:

@@ -4,14 +4,11 @@ grace). The attempt is abandoned as cancelled and its pod deleted, never reused.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from pathlib import Path
 
 from gateway.auth import Role
-from tests.conftest import BrokerServer, agent_pid
+from tests.conftest import BrokerServer, cancel_with_agent_stopped
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
 
@@ -29,16 +26,7 @@ def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
             time.sleep(0.05)
         time.sleep(1.0)  # handed to the agent: the function is sleeping its 120 s
         pod = job["attempts"][-1]["pods"][0]
-        agent = agent_pid(pod)
-        os.kill(agent, signal.SIGSTOP)
-        try:
-            start = time.monotonic()
-            fp.cancel(job_id)  # answers once the agent's silence is established (~10 s)
-            job = fp.wait(job_id, timeout_s=30)
-            took = time.monotonic() - start
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(agent, signal.SIGCONT)
+        job, took = cancel_with_agent_stopped(fp, job_id, pod)
     assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
     assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]
     assert took < 60, took  # not the job's 300 s timeout

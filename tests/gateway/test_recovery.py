@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +11,7 @@ import pytest
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from tests.conftest import agent_pid
+from tests.conftest import cancel_with_agent_stopped
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
 CATALOG = (
@@ -61,17 +58,8 @@ def test_a_reattached_job_whose_agent_falls_silent_can_still_be_cancelled(
             time.sleep(0.05)
     time.sleep(1.0)  # handed to the agent: the function sleeps
     server = _restart(crashy)
-    agent = agent_pid(job["attempts"][-1]["pods"][0])
-    os.kill(agent, signal.SIGSTOP)
-    try:
-        with server.client("reattach-cancel") as fp:
-            start = time.monotonic()
-            fp.cancel(job_id)
-            job = fp.wait(job_id, timeout_s=30)
-            took = time.monotonic() - start
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(agent, signal.SIGCONT)
+    with server.client("reattach-cancel") as fp:
+        job, took = cancel_with_agent_stopped(fp, job_id, job["attempts"][-1]["pods"][0])
     assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
     # Abandoned by the cancel, not found lost by the re-attached wait's next poll (30 s on).
     assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]
