@@ -6,9 +6,11 @@ the pod (pods outlive the broker, like Kubernetes pods, so ``--die-with-parent``
 The sandbox (``bwrap``, run as root here): new PID, mount and IPC namespaces and session;
 ``/`` read-only (the venv included); a minimal ``/dev`` plus the NVIDIA device nodes; private
 tmpfs ``/tmp``, ``/dev/shm`` and package directory (``workspace/pkg``, unpacked on every job,
-so kept in memory); the broker's state directory replaced by an empty one (``hidden``: its
-signing key, job store, packages, logs, the other pods and every pod's metadata are out of
-sight); the pod directory is the only writable tree; all capabilities
+so kept in memory); the broker's state directory and its user's home replaced by empty
+ones (``hidden``: the signing key, job store, packages, logs, the other pods, every pod's
+metadata and the operator's credentials are out of sight; the interpreter and code are bound
+back read-only, parent before child, ``_layered_mounts``); the pod directory is the only
+writable tree; all capabilities
 dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
 prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
 and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
@@ -90,14 +92,14 @@ def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
         str(Path(python).parent),
     }
     candidates.update(p for p in sys.path if p)
-    hidden = sorted(
+    covered = (*PRIVATE_MOUNTS, *hidden)
+    inside = sorted(
         p
         for p in (os.path.abspath(c) for c in candidates)
-        if os.path.isdir(p)
-        and any(p == m or p.startswith(m + "/") for m in (*PRIVATE_MOUNTS, *hidden))
+        if os.path.isdir(p) and any(p == m or p.startswith(m + "/") for m in covered)
     )
     kept: list[str] = []
-    for path in hidden:  # shortest first: skip paths already inside a kept one
+    for path in inside:  # shortest first: skip paths already inside a kept one
         if not any(path == k or path.startswith(k + "/") for k in kept):
             kept.append(path)
     return kept

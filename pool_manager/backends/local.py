@@ -58,8 +58,8 @@ def pod_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 def operator_home() -> list[Path]:
     """The broker user's home directory, where credentials conventionally live (``~/.aws``,
-    ``~/.ssh``, ``~/.kube``...): one more directory to hide from pods. None if it is ``/`` or
-    missing (an interpreter or checkout inside it is bound back: ``launch._runtime_paths``)."""
+    ``~/.ssh``, ``~/.kube``...): one more directory to hide from pods. Nothing if it is ``/``
+    or missing (an interpreter or checkout inside it is bound back: ``launch._runtime_paths``)."""
     home = Path.home().resolve()
     return [home] if home != Path("/") and home.is_dir() else []
 
