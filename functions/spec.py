@@ -15,6 +15,8 @@ from functions.errors import InvalidRequest
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+MAX_TIMEOUT_S = 86400
+"""Longest ``timeout_s`` a function, or one call of it, may ask for (a day)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +72,8 @@ class FunctionSpec:
                 "command must be a non-empty list of non-empty strings without NUL",
                 field="command",
             )
-        if not 0 < self.timeout_s <= 86_400:
-            raise InvalidRequest("timeout_s must be in (0, 86400]", field="timeout_s")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise InvalidRequest(f"timeout_s must be in (0, {MAX_TIMEOUT_S}]", field="timeout_s")
         if not 0 <= self.max_retries <= 10:
             raise InvalidRequest("max_retries must be in [0, 10]", field="max_retries")
         if not 1 <= self.pods <= 64:

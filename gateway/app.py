@@ -27,7 +27,7 @@ from functions.errors import (
     Unavailable,
 )
 from functions.nesting import MAX_NESTING, nests_deeper
-from functions.spec import FunctionSpec
+from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Principal, Role
 from gateway.broker import Broker, request_digest
 from gateway.decoding import Field, decode, string_map
@@ -51,8 +51,6 @@ PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """``priority`` fits the job store's Integer column (and MySQL's INT)."""
 MAX_LISTED = 1000
 """Most jobs one ``GET /v1/jobs`` lists."""
-MAX_TIMEOUT_S = 86400
-"""Longest job timeout a caller may ask for (a day), as ``FunctionSpec.validate``'s."""
 
 
 def check_invoke(body: dict[str, Any], raw: bytes) -> None:

@@ -105,9 +105,12 @@ def _long_integer_candidates(body: bytes, mask: bytes) -> Iterator[bytes]:
         start = mask.find(_LONG_RUN, end)
 
 
-def _fits(literal: bytes) -> bool:
+def _fits(literal: bytes | str) -> bool:
+    """Whether the integer ``literal`` lies in ``INTEGER_RANGE`` (read only when at most 21
+    characters: a sign and 20 digits, JSON having no leading zeros; a longer one never fits,
+    and ``int`` refuses one of 4,300 digits)."""
     low, high = INTEGER_RANGE
-    return len(literal.lstrip(b"-")) <= 20 and low <= int(literal) <= high
+    return len(literal) <= 21 and low <= int(literal) <= high
 
 
 def _check_integer_literals(body: bytes) -> None:
@@ -120,10 +123,10 @@ def _check_integer_literals(body: bytes) -> None:
 
 
 def _exact_integer(literal: str) -> int:
+    if _fits(literal):
+        return int(literal)
     low, high = INTEGER_RANGE
-    digits = len(literal.lstrip("-"))  # JSON integers have no leading zeros
-    if digits <= 20 and low <= (value := int(literal)) <= high:  # int() of 4,300+ digits raises
-        return value
+    digits = len(literal.lstrip("-"))
     shown = literal if len(literal) <= 40 else f"{literal[:20]}... ({digits} digits)"
     raise InvalidRequest(
         f"the integer {shown} is outside [{low}, {high}], the range JSON is carried in "

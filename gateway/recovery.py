@@ -22,7 +22,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from functions.spec import FunctionSpec
+from functions.spec import MAX_TIMEOUT_S
 from gateway.executor import GRACE_S, Outcome
 from gateway.jobs import Job
 from pool_manager.backends.base import BackendPod
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from gateway.broker import Broker
 
 log = logging.getLogger("firepool.recovery")
-
-LONGEST_TIMEOUT_S = 86400.0
-"""The longest ``timeout_s`` a function may declare: the wait when its spec is gone."""
 
 
 def _float(value: str | None) -> float | None:
@@ -178,24 +175,16 @@ async def _reset_unbound(
             await broker.backend.delete(name)
 
 
-async def _function_spec(broker: Broker, job: Job) -> FunctionSpec | None:
-    dispatcher = broker.dispatcher
-    spec = dispatcher.specs.get((job.function, job.version))
-    if spec is not None:
-        return spec
-    try:
-        return await dispatcher.functions(job.function, job.version)
-    except Exception as exc:
-        log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
-        return None
-
-
 async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
     attempt_id = job.attempts[-1].id
     timeout_s = job.timeout_s
     if not timeout_s:  # the agent was given the function's (executor.attempt_spec)
-        spec = await _function_spec(broker, job)
-        timeout_s = spec.timeout_s if spec is not None else LONGEST_TIMEOUT_S
+        try:
+            spec = await broker.function_version(job.function, job.version)
+        except Exception as exc:
+            log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
+            spec = None
+        timeout_s = spec.timeout_s if spec is not None else MAX_TIMEOUT_S
     timeout = timeout_s + GRACE_S
     outcome = await broker.dispatcher.executor.reattach(pods, attempt_id, timeout)
     await broker.dispatcher.finish(job, pods, outcome)

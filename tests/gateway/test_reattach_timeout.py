@@ -11,16 +11,14 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
-from functions.spec import FunctionSpec
+from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.executor import GRACE_S
 from gateway.jobs import Attempt, Job
 from gateway.recovery import _reattach
 from pool_manager.states import JobState
 
 
-def _broker(spec: FunctionSpec | None, cached: bool) -> tuple[Any, list[float]]:
+def _broker(spec: FunctionSpec | None) -> tuple[Any, list[float]]:
     waited: list[float] = []
 
     async def reattach(pods: list[str], attempt_id: str, timeout: float) -> str:
@@ -30,14 +28,11 @@ def _broker(spec: FunctionSpec | None, cached: bool) -> tuple[Any, list[float]]:
     async def finish(job: Job, pods: list[str], outcome: str) -> None:
         assert outcome == "outcome"
 
-    async def functions(name: str, version: int) -> FunctionSpec | None:
+    async def function_version(name: str, version: int) -> FunctionSpec | None:
         return spec
 
-    specs = {("slow", 1): spec} if cached and spec is not None else {}
-    dispatcher = SimpleNamespace(
-        executor=SimpleNamespace(reattach=reattach), finish=finish, specs=specs, functions=functions
-    )
-    return SimpleNamespace(dispatcher=dispatcher), waited
+    dispatcher = SimpleNamespace(executor=SimpleNamespace(reattach=reattach), finish=finish)
+    return SimpleNamespace(dispatcher=dispatcher, function_version=function_version), waited
 
 
 def _job(timeout_s: float | None) -> Job:
@@ -59,20 +54,19 @@ SPEC = FunctionSpec(
 )
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached-spec", "loaded-spec"])
-def test_a_reattached_job_without_a_timeout_waits_its_functions_timeout(cached: bool) -> None:
-    broker, waited = _broker(SPEC, cached)
+def test_a_reattached_job_without_a_timeout_waits_its_functions_timeout() -> None:
+    broker, waited = _broker(SPEC)
     asyncio.run(_reattach(broker, _job(None), ["p1"]))
     assert waited == [42.0 + GRACE_S]
 
 
 def test_a_reattached_job_with_its_own_timeout_waits_that() -> None:
-    broker, waited = _broker(SPEC, True)
+    broker, waited = _broker(SPEC)
     asyncio.run(_reattach(broker, _job(5.0), ["p1"]))
     assert waited == [5.0 + GRACE_S]
 
 
 def test_a_reattached_job_whose_function_is_gone_waits_the_longest_timeout() -> None:
-    broker, waited = _broker(None, False)
+    broker, waited = _broker(None)
     asyncio.run(_reattach(broker, _job(None), ["p1"]))
-    assert waited == [86400.0 + GRACE_S]
+    assert waited == [MAX_TIMEOUT_S + GRACE_S]
