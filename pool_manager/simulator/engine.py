@@ -242,6 +242,8 @@ class Simulation:
     def _start(self, job: Job, lease: Lease) -> None:
         now, v, rng = self.now, self.venue, self.rng
         self.tracker.launched(job.id, now)
+        if lease.path == "standby":  # the gate's promotion is part of the queue wait
+            now += v.promotion.sample(rng)
         job.dispatched = now
         job.path = lease.path
         job.pods = lease.pods

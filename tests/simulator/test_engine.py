@@ -13,7 +13,12 @@ import pool_manager.simulator.engine as engine
 from pool_manager.simulator.arms import arm_names, parse_arm
 from pool_manager.simulator.cli import main
 from pool_manager.simulator.experiment import Workload, report, run_arms, run_once
-from pool_manager.simulator.venue import load_venue, venue_from_mapping, venue_names
+from pool_manager.simulator.venue import (
+    load_venue,
+    venue_from_mapping,
+    venue_names,
+    with_settings,
+)
 
 
 def _run(venue: str, workload: Workload, arms: str, repeats: int = 2) -> dict[str, Any]:
@@ -66,6 +71,21 @@ def test_standbys_take_over_across_reuse_boundaries_on_h200() -> None:
     off, _ = run_once(h200, parse_arm("standby-off"), Workload("standby", jobs=12), 2)
     assert on.handovers_standby > 0 and off.handovers_standby == 0
     assert on.makespan_s < off.makespan_s
+
+
+def test_a_promotion_cost_is_queue_wait_on_standby_handovers_only() -> None:
+    h200 = load_venue("h200")
+    slow = with_settings(h200, ["promotion=0.81"])
+    wl = Workload("standby", jobs=12)
+    on, _ = run_once(h200, parse_arm("standby-on"), wl, 2)
+    promoted, _ = run_once(slow, parse_arm("standby-on"), wl, 2)
+    assert promoted.handovers_standby > 0
+    # A handover waits for a promotion or for a new pod (~20 s): each now waits 0.81 s more.
+    assert min(promoted.handover_waits) >= 0.81 > min(on.handover_waits)
+    assert promoted.makespan_s > on.makespan_s
+    # Without standbys nothing is promoted: the same run, draw for draw.
+    off, _ = run_once(h200, parse_arm("standby-off"), wl, 2)
+    assert run_once(slow, parse_arm("standby-off"), wl, 2)[0] == off
 
 
 def test_the_gpu_cap_is_never_exceeded() -> None:
