@@ -41,3 +41,7 @@ def test_the_quick_report_writes_every_table_and_figure(
     assert {r["think_s"] for r in results["fig7_event"]} == {0}
     assert "Event-driven dispatcher of §3" in readme
     assert results["c1"] and results["grid"] and results["fig5"] and results["sensitivity"]
+    card = results["scorecard"]
+    assert len(card["metrics"]) == len(acceptance.PAPER_METRICS)
+    assert f"held out | {'yes' if card['metrics'][0]['within_band'] else 'no'} |" in readme
+    assert f"**{card['held_out_within_band']} of {card['held_out']} held-out metrics" in readme
