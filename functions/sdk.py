@@ -12,8 +12,9 @@ keeps one HTTP connection pool; use it as a context manager or call ``close()``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import orjson
@@ -64,12 +65,16 @@ class Client:
             headers = {**(headers or {}), "Content-Type": "application/json"}
         resp = self._http.request(method, path, content=content, headers=headers, params=params)
         if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-                raise ApiError(resp.status_code, err["class"], err["message"], err.get("field"))
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(resp.status_code, "HTTPError", resp.text[:500]) from None
+            self._raise(resp)
         return resp
+
+    @staticmethod
+    def _raise(resp: httpx.Response) -> NoReturn:
+        try:
+            err = resp.json()["error"]
+            raise ApiError(resp.status_code, err["class"], err["message"], err.get("field"))
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(resp.status_code, "HTTPError", resp.text[:500]) from None
 
     # -- packages and functions ---------------------------------------------------------
     def upload(self, data: bytes, content_type: str = "application/zip") -> str:
@@ -233,9 +238,26 @@ class Client:
         return result
 
     def logs(self, job_id: str, follow: bool = False) -> httpx.Response:
+        """The job's whole log, read once the answer ends (with ``follow``, once the job
+        does); ``iter_logs`` hands it over as it arrives."""
         return self._request(
             "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "1"} if follow else None
         )
+
+    def iter_logs(self, job_id: str, follow: bool = False) -> Iterator[bytes]:
+        """The job's log as it arrives: exactly the bytes the job wrote (decode them as you
+        like; a job may write anything). ``follow`` streams a running job's output until
+        it ends, with no read timeout (a quiet job may print nothing for minutes)."""
+        params = {"follow": "1"} if follow else None
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None) if follow else None
+        with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/logs", params=params,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        ) as resp:  # fmt: skip
+            if resp.status_code >= 400:
+                resp.read()
+                self._raise(resp)
+            yield from resp.iter_bytes()
 
     def pools(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/v1/pools").json()

@@ -7,7 +7,9 @@ whether that means the pod is lost.
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+import binascii
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -15,6 +17,16 @@ import orjson
 
 class AgentUnreachable(Exception):
     """The agent did not answer (connection refused, reset, timed out)."""
+
+
+class LogChunk(NamedTuple):
+    """Bytes ``[offset - len(data), offset)`` of an attempt's log."""
+
+    data: bytes
+    offset: int
+    """The byte offset after ``data``: where the next read starts."""
+    done: bool
+    """The attempt has ended and nothing is left past ``offset``."""
 
 
 def _json_dumps(obj: Any) -> str:
@@ -95,11 +107,27 @@ class AgentClient:
     async def ack(self, endpoint: str, attempt_id: str) -> None:
         await self._call("DELETE", endpoint, f"/attempts/{attempt_id}/result")
 
-    async def logs(self, endpoint: str, attempt_id: str, offset: int = 0) -> dict[str, Any] | None:
+    async def logs(self, endpoint: str, attempt_id: str, offset: int = 0) -> LogChunk | None:
+        """Up to 1 MiB of the attempt's log from byte ``offset``, exactly the bytes the job
+        wrote (sent base64, so neither undecodable bytes nor a UTF-8 sequence split by the
+        read change them or their offsets); None for an unknown attempt or a malformed answer."""
         status, body = await self._call(
-            "GET", endpoint, f"/attempts/{attempt_id}/logs?offset={offset}"
+            "GET", endpoint, f"/attempts/{attempt_id}/logs?offset={offset}&encoding=base64"
         )
-        return body if status == 200 and isinstance(body, dict) else None
+        if status != 200 or not isinstance(body, dict):
+            return None
+        after, text = body.get("offset"), body.get("data")
+        if not isinstance(text, str) or type(after) is not int:
+            return None
+        try:
+            data = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            return None
+        done = bool(body.get("done"))
+        if after != offset + len(data):  # not the bytes from ``offset``
+            # (an offset past the log's end is answered with no bytes: nothing there yet)
+            return None if data else LogChunk(b"", offset, done)
+        return LogChunk(data, after, done)
 
     async def reset(self, endpoint: str, timeout: float = 30.0) -> dict[str, Any]:
         status, body = await self._call("POST", endpoint, "/reset", body={}, timeout=timeout)

@@ -324,7 +324,7 @@ async def job_logs(request: Request) -> Response:
             else:
                 await broker.recycler.logs_settled(job.id)
                 data = await asyncio.to_thread(broker.logs.read, job.id, offset)
-            offset += len(data)
+            offset += len(data)  # live or archived, the same bytes at the same offsets
             if data:
                 yield data
                 if follow or not running:  # chunks of 1 MiB: the archive's rest is there

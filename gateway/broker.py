@@ -321,8 +321,9 @@ class Broker:
         return stored, created
 
     async def live_log(self, job: Job, offset: int) -> bytes:
-        """Rank 0's log of the running attempt from ``offset``; empty when it cannot be read
-        (the attempt just ended: the archive has it then)."""
+        """Rank 0's log of the running attempt from byte ``offset``: the bytes the job wrote,
+        at the offsets the archive keeps them at; empty when it cannot be read (the attempt
+        just ended: the archive has it then)."""
         pod = job.attempts[-1].pods[0] if job.attempts and job.attempts[-1].pods else None
         endpoint = self.pods.endpoints.get(pod) if pod else None
         if endpoint is None:
@@ -331,7 +332,7 @@ class Broker:
             chunk = await self.agents.logs(endpoint, job.attempts[-1].id, offset)
         except AgentUnreachable:
             return b""
-        return str(chunk.get("data") or "").encode() if chunk else b""
+        return chunk.data if chunk else b""
 
     async def get_job(self, job_id: str) -> Job | None:
         live = self.dispatcher.live.get(job_id)

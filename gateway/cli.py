@@ -139,7 +139,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as fp:
-        sys.stdout.write(fp.logs(args.id, follow=args.follow).text)
+        out = sys.stdout.buffer  # the job's bytes as it wrote them, each chunk as it comes
+        for chunk in fp.iter_logs(args.id, follow=args.follow):
+            out.write(chunk)
+            out.flush()
     return 0
 
 

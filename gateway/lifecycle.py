@@ -37,10 +37,11 @@ class LogArchive:
     def path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.log"
 
-    def append(self, job_id: str, text: str) -> None:
-        if text:
-            with self.path(job_id).open("a", encoding="utf-8") as f:
-                f.write(text)
+    def append(self, job_id: str, data: bytes) -> None:
+        """Add the next bytes of the job's log, exactly as the job wrote them."""
+        if data:
+            with self.path(job_id).open("ab") as f:
+                f.write(data)
 
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
@@ -148,10 +149,10 @@ class PodRecycler:
         # 64 MiB unless a pod was started otherwise) and answers at most 1 MiB per call.
         for _ in range(1000):
             chunk = await self.agents.logs(endpoint, attempt_id, offset)
-            if not chunk or not chunk.get("data"):
+            if not chunk or not chunk.data:
                 return
-            await asyncio.to_thread(self.logs.append, job_id, str(chunk["data"]))
-            offset = int(chunk.get("offset", offset + len(chunk["data"])))
+            await asyncio.to_thread(self.logs.append, job_id, chunk.data)
+            offset = chunk.offset
 
     async def _reset_one(self, pod: str) -> bool:
         endpoint = self.pods.endpoints.get(pod)

@@ -12,6 +12,7 @@ SIGTERM/SIGINT: stop intake, kill any job's tree, stop the zygote, exit.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -256,6 +257,9 @@ class Agent:
             offset = max(int(request.query.get("offset", "0")), 0)
         except ValueError as exc:
             raise InvalidRequest("offset must be an integer", field="offset") from exc
+        encoding = request.query.get("encoding", "text")
+        if encoding not in ("text", "base64"):
+            raise InvalidRequest("encoding must be text or base64", field="encoding")
         done = attempt.done.is_set()
         cap = self.settings.max_log_bytes
         try:
@@ -269,15 +273,13 @@ class Agent:
                     data = truncation_line(cap)[start - cap : size - cap]
         except FileNotFoundError:
             size, data = 0, b""
-        cut = _utf8_boundary(data) if len(data) == LOG_CHUNK else len(data)
+        if encoding == "base64":  # the log's own bytes, whatever the job wrote
+            cut, text = len(data), base64.b64encode(data).decode("ascii")
+        else:
+            cut = _utf8_boundary(data) if len(data) == LOG_CHUNK else len(data)
+            text = data[:cut].decode("utf-8", "replace")
         new_offset = min(offset, size) + cut
-        return respond(
-            {
-                "data": data[:cut].decode("utf-8", "replace"),
-                "offset": new_offset,
-                "done": done and new_offset >= size,
-            }
-        )
+        return respond({"data": text, "offset": new_offset, "done": done and new_offset >= size})
 
     async def reset(self, request: web.Request) -> web.Response:
         raw = await request.read()

@@ -16,6 +16,8 @@ from gateway.cli import main
 from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
 from tests.conftest import EXAMPLES
 
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
 
 def _firepool(
     server: BrokerServer, *args: str, token: str | None = None, exit_code: int = 0
@@ -84,6 +86,34 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
     assert json.loads(deleted) == {"deleted": "cli-rollout"}
     gone = _firepool(broker_server, "invoke", "cli-rollout", token=token, exit_code=2)
     assert gone.startswith("error: 404 NotFound"), gone
+
+
+def test_logs_follow_prints_each_chunk_as_it_comes_byte_for_byte(
+    broker_server: BrokerServer,
+) -> None:
+    """``firepool logs --follow`` used to print nothing until the job ended (it read the
+    whole answer first), and printed undecodable bytes as U+FFFD."""
+    with broker_server.client("cli-logs-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="cli-ticker", sku="cpu",
+                  entrypoint="behaviours:ticker_undecodable")  # fmt: skip
+    with broker_server.client("cli-logs") as fp:
+        job_id = fp.submit("cli-ticker", 8)
+        token = broker_server.token("cli-logs", Role.INVOKE)
+        env = dict(os.environ, FIREPOOL_URL=broker_server.url, FIREPOOL_TOKEN=token)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "logs", job_id, "--follow"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            state_at_first_line = fp.job(job_id)["state"]
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert state_at_first_line == "RUNNING"
+    assert proc.returncode == 0
+    assert first + rest == b"".join(b"\xff\xfe tick %d\n" % i for i in range(8))
 
 
 def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceback(

@@ -104,6 +104,28 @@ def test_following_logs_streams_a_running_jobs_output_before_it_ends(
     ], "every line exactly once, in order, across the live and archived parts"
 
 
+def test_following_a_log_of_undecodable_bytes_keeps_every_line_once(
+    broker_server: BrokerServer,
+) -> None:
+    """The agent sends a live log as text, each undecodable byte a 3-byte U+FFFD: the stream
+    must go on from the agent's file offset, not from the length of the text it got (which
+    skipped 4 bytes a line here, and lost lines where the archive took over)."""
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="ticker-bytes", sku="cpu",
+                  entrypoint="behaviours:ticker_undecodable")  # fmt: skip
+    with broker_server.client("ops-follow-bytes") as fp:
+        job_id = fp.submit("ticker-bytes", 8)
+        seen = ""
+        with fp._http.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "1"}) as resp:
+            for chunk in resp.iter_text():
+                seen += chunk
+        assert fp.job(job_id)["state"] == "SUCCEEDED"
+    lines = seen.splitlines()
+    assert "tick" in seen and all("tick" in line for line in lines), repr(seen)
+    assert [line[line.index("tick") :] for line in lines] == [f"tick {i}" for i in range(8)]
+    assert all(line.startswith("\ufffd\ufffd tick") for line in lines)
+
+
 def test_pools_report_pods_queue_and_budgets_to_admins(broker_server: BrokerServer) -> None:
     with broker_server.client("ops-admin", Role.ADMIN) as fp:
         report = fp.pools()

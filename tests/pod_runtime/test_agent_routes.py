@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.server
 import threading
 import time
@@ -145,6 +146,26 @@ def test_logs_stream_by_offset(agent: AgentProcess, package: dict[str, str]) -> 
     assert data.splitlines() == [f"line {i}" for i in range(50)]
     tail = agent.call("GET", f"/attempts/logs-1:1/logs?offset={offset - 8}")[1]
     assert tail["data"] == "line 49\n"
+
+
+def test_logs_in_base64_are_the_bytes_the_job_wrote(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    written = b"\xff\xfe not utf-8, then a euro sign: \xe2\x82\xac\n"
+    printf = r"printf '\377\376 not utf-8, then a euro sign: \342\202\254\n'"
+    body = {**spec("bytes-1:1", package, None), "entrypoint": None, "command": ["sh", "-c", printf]}
+    assert agent.run(body)["state"] == "succeeded"
+    for offset in (0, 2, len(written) - 3, len(written) - 2):  # the last two cut the euro sign
+        status, chunk = agent.call(
+            "GET", f"/attempts/bytes-1:1/logs?offset={offset}&encoding=base64"
+        )
+        assert status == 200 and chunk["done"] and chunk["offset"] == len(written)
+        assert base64.b64decode(chunk["data"]) == written[offset:]
+    # The text form replaces what it cannot decode.
+    text = agent.call("GET", "/attempts/bytes-1:1/logs?offset=0")[1]["data"]
+    assert text == written.decode("utf-8", "replace")
+    status, err = agent.call("GET", "/attempts/bytes-1:1/logs?offset=0&encoding=latin-1")
+    assert status == 400 and err["error"]["field"] == "encoding"
 
 
 def test_results_are_kept_until_acknowledged(agent: AgentProcess, package: dict[str, str]) -> None:

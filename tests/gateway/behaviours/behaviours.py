@@ -1,6 +1,7 @@
 """Functions whose behaviour the broker tests observe (deployed as a package)."""
 
 import os
+import sys
 import time
 
 
@@ -45,6 +46,15 @@ def gpu_env(request):
 def ticker(request):
     for i in range(int(request)):
         print(f"tick {i}", flush=True)
+        time.sleep(0.3)
+    return "ticked"
+
+
+def ticker_undecodable(request):
+    """``ticker`` whose lines each start with bytes that are not UTF-8."""
+    for i in range(int(request)):
+        sys.stdout.buffer.write(b"\xff\xfe tick %d\n" % i)
+        sys.stdout.buffer.flush()
         time.sleep(0.3)
     return "ticked"
 
