@@ -28,6 +28,13 @@ class StoreSettings:
     the ids ``JobStore.expire`` returns); None: forever. After it the job's output is gone and
     it reports ``output_expired``, which the API answers with error class ``Expired``."""
 
+    max_statement_bytes: int | None = None
+    """Largest statement the store takes (values as sent, escapes included); a job record
+    that would not fit is refused with ``TooLarge`` before it is sent (at submit: a 413; a
+    finished job's outcome: the job fails ``TooLarge``) instead of breaking the connection.
+    None: MySQL's ``max_allowed_packet`` as the server reports it at open; no limit on
+    SQLite."""
+
     def __post_init__(self) -> None:
         if self.busy_timeout_s < 0:
             raise ValueError("busy_timeout_s must be >= 0")
@@ -35,6 +42,8 @@ class StoreSettings:
             raise ValueError("max_batch must be >= 1")
         if self.read_pool_size < 1:
             raise ValueError("read_pool_size must be >= 1")
+        if self.max_statement_bytes is not None and self.max_statement_bytes < 65536:
+            raise ValueError("max_statement_bytes must be >= 65536 or None")
         for name in ("idempotency_retention_s", "result_retention_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -20,26 +20,29 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy import exc as sa_exc
 
-from functions.errors import Conflict, FirepoolError
+from functions.errors import Conflict, FirepoolError, TooLarge
 from functions.spec import FunctionSpec
 from gateway.jobs import Job
 from gateway.store import writes
 from gateway.store.batching import JobBatchExecutor
 from gateway.store.codec import function_from_row, function_row, job_from_row, job_mutable_values
 from gateway.store.codec import job_row as encode_job
-from gateway.store.engine import make_engines
+from gateway.store.engine import backend_of, make_engines
 from gateway.store.schema import ensure_schema
 from gateway.store.settings import StoreSettings
 from gateway.store.statements import JobStatements
 from gateway.store.tables import functions, jobs, packages
 from gateway.store.writer import GroupCommitWriter, WriterStats
 from pool_manager.states import IllegalTransition, JobState
+
+STATEMENT_OVERHEAD = 4096
+"""A bound on what a job statement carries besides its values (SQL text, ids, numbers)."""
 
 #: Writes that fail without changing anything; they never roll back their batch.
 CLEAN_FAILURES: tuple[type[BaseException], ...] = (FirepoolError, IllegalTransition)
@@ -56,8 +59,12 @@ class JobStore:
         read_engine: Engine,
         settings: StoreSettings,
         clock: Callable[[], float] = time.time,
+        server_statement_bytes: int | None = None,
     ) -> None:
         self.settings = settings
+        self.max_statement_bytes = settings.max_statement_bytes or server_statement_bytes
+        """Largest statement sent (``StoreSettings.max_statement_bytes``, else the server's
+        limit; None: none)."""
         self._write_engine = write_engine
         self._read = read_engine
         self._clock = clock
@@ -92,7 +99,9 @@ class JobStore:
         """
         if job.state not in SUBMITTABLE:
             raise IllegalTransition(f"a job is submitted QUEUED or PENDING, not {job.state}")
-        op = writes.SubmitJob(self._stmts, encode_job(job), self.settings.idempotency_retention_s)
+        row = encode_job(job)
+        self._check_fits(row.values(), "the job's input")
+        op = writes.SubmitJob(self._stmts, row, self.settings.idempotency_retention_s)
         try:
             found = await self._writer.run(op)
         except (self._integrity_error, sa_exc.IntegrityError) as exc:
@@ -109,9 +118,27 @@ class JobStore:
         to ``job.state``; then sets ``job.revision = expected_revision + 1``. Otherwise raises
         ``StaleRevision``, ``IllegalTransition`` or ``NotFound`` and writes nothing.
         """
-        op = writes.UpdateJob(self._stmts, job.id, expected_revision, job_mutable_values(job))
+        values = job_mutable_values(job)
+        self._check_fits(values.values(), "the job's outcome")
+        op = writes.UpdateJob(self._stmts, job.id, expected_revision, values)
         await self._writer.run(op)
         job.revision = expected_revision + 1
+
+    def _check_fits(self, values: Iterable[object], what: str) -> None:
+        """Raise ``TooLarge`` (writing nothing) for a statement over ``max_statement_bytes``."""
+        limit = self.max_statement_bytes
+        if limit is None:
+            return
+        texts = [v for v in values if isinstance(v, str)]
+        if 8 * sum(map(len, texts)) + STATEMENT_OVERHEAD <= limit:  # 4 bytes a char, escaped
+            return
+        size = STATEMENT_OVERHEAD + sum(map(sent_size, texts))
+        if size > limit:
+            raise TooLarge(
+                f"{what} would take {size} bytes in the job store's statement, over its "
+                f"{limit}-byte limit (MySQL's max_allowed_packet, or the store's "
+                "max_statement_bytes): the operator can raise it"
+            )
 
     async def get_job(self, job_id: str) -> Job | None:
         """The stored job, or None. Past result retention its ``output`` is None and the row's
@@ -211,6 +238,13 @@ class JobStore:
             return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+def sent_size(text: str) -> int:
+    """Bytes ``text`` takes inline in a MySQL statement: PyMySQL escapes each quote and
+    backslash (JSON text holds no raw control characters, the other escaped bytes)."""
+    data = text.encode()
+    return len(data) + data.count(b"'") + data.count(b'"') + data.count(b"\\")
+
+
 async def open_store(
     url: str,
     *,
@@ -234,7 +268,11 @@ def _open_blocking(
     write, read = make_engines(url, settings)
     try:
         ensure_schema(read, migrate=migrate)
-        return JobStore(write, read, settings, clock)
+        packet = None
+        if backend_of(url) == "mysql":
+            with read.connect() as conn:
+                packet = int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+        return JobStore(write, read, settings, clock, server_statement_bytes=packet)
     except BaseException:
         read.dispose()
         write.dispose()
