@@ -31,6 +31,7 @@ from gateway.pods import PodManager
 from gateway.recovery import recover
 from gateway.settings import Settings
 from gateway.store import JobStore, StoreSettings, open_store
+from gateway.store.store import STATEMENT_OVERHEAD
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.backends.local import LocalBackend, operator_home
@@ -109,6 +110,16 @@ class Broker:
             ),
         )
         t_store = time.monotonic()
+        limit = self.store.max_statement_bytes
+        if limit is not None and limit < 2 * self.settings.max_json_bytes + STATEMENT_OVERHEAD:
+            log.warning(
+                "the job store takes statements of at most %d bytes (MySQL max_allowed_packet): "
+                "an input or output of more than about %d bytes (half that for text full of "
+                "quotes) is refused with TooLarge; set max_allowed_packet to %d or more to "
+                "take every body up to max_json_bytes (%d)",
+                limit, limit - STATEMENT_OVERHEAD, 2 * self.settings.max_json_bytes
+                + STATEMENT_OVERHEAD, self.settings.max_json_bytes,
+            )  # fmt: skip
         pods = PodManager(
             self.backend,
             self.tracker,

@@ -21,9 +21,10 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from enum import Enum
 from typing import Any
 
-from functions.errors import ErrorClass
+from functions.errors import ErrorClass, FirepoolError, TooLarge
 from functions.spec import FunctionSpec
 from gateway.background import BackgroundTasks
 from gateway.executor import Executor, Outcome
@@ -34,10 +35,22 @@ from gateway.retry_policy import decide
 from gateway.store import JobStore, StaleRevision
 from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.model import ClaimRequest, Lease
-from pool_manager.states import TERMINAL_JOB_STATES, JobState
+from pool_manager.states import TERMINAL_JOB_STATES, IllegalTransition, JobState
 from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.dispatcher")
+
+
+class Recorded(Enum):
+    """What ``Dispatcher._record_outcome`` committed."""
+
+    OUTCOME = "outcome"
+    TOO_LARGE = "too_large"
+    """A ``TooLarge`` failure in place of an outcome the store could not hold."""
+
+
+_RECORD_RETRY_MAX_S = 5.0
+"""Longest pause between two tries to record an outcome while the store is down."""
 
 
 class Dispatcher:
@@ -310,10 +323,11 @@ class Dispatcher:
                 # pod killed under it, say), which stays on the attempt's own record.
                 job.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled"}
             job.finished = attempt.finished
-        try:
-            await self.store.update(job, revision)
-        except Exception:
-            log.exception("could not record the outcome of job %s", job.id)
+        recorded = await self._record_outcome(job, revision, attempt)
+        if recorded is None:
+            return  # the broker is stopping: the agent keeps the result for recovery
+        if recorded is Recorded.TOO_LARGE:
+            retry = False
         # Only now may the agent forget the result: a crash before this point finds the
         # attempt at the agent and finalizes it without running it again (paper A.1).
         clean = await self.recycler.reset(list(pods), outcome.lost_pods)
@@ -324,6 +338,45 @@ class Dispatcher:
         else:
             self._cancel_requested.discard(job.id)
             self._resolve(job)
+
+    async def _record_outcome(self, job: Job, revision: int, attempt: Attempt) -> Recorded | None:
+        """Commit the attempt's outcome before anything acts on it (the reset that makes the
+        agent forget the result, the caller's answer): ``OUTCOME``, or ``TOO_LARGE`` when
+        the store could not hold the record (an output near the body cap on MySQL's default
+        ``max_allowed_packet``), which is then recorded as that failure instead, final.
+
+        A store that fails otherwise (down, connection lost) is retried with backoff until it
+        answers; the job's pods stay as they are meanwhile. If the broker stops first: None,
+        and the outcome waits at the agent for the restarted broker's recovery. A write the
+        store refuses cleanly (a stale revision) is logged and passed over, as it changes
+        nothing a retry could."""
+        delay = 0.1
+        status = Recorded.OUTCOME
+        while True:
+            try:
+                await self.store.update(job, revision)
+                return status
+            except TooLarge as exc:
+                if status is Recorded.TOO_LARGE:  # even the short failure does not fit: give up
+                    log.error("could not record job %s: %s", job.id, exc.message)
+                    return status
+                log.warning("job %s: %s", job.id, exc.message)
+                job.state, job.output = JobState.FAILED, None
+                job.error = attempt.error = exc.to_json()
+                job.finished = job.finished or self.clock()
+                status = Recorded.TOO_LARGE
+            except (FirepoolError, IllegalTransition):
+                log.exception("could not record the outcome of job %s", job.id)
+                return status
+            except Exception as exc:
+                if self._stopping:
+                    log.error("job %s: outcome not recorded (%r) before the broker stopped; "
+                              "the pod keeps it for recovery", job.id, exc)  # fmt: skip
+                    return None
+                log.warning("could not record the outcome of job %s (%r); retrying in %.1f s",
+                            job.id, exc, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, _RECORD_RETRY_MAX_S)
 
     async def cancel(self, job: Job) -> Job:
         """Cancel a queued or running job; terminal jobs are returned unchanged."""

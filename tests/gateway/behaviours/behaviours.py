@@ -106,3 +106,8 @@ def shout(request):
         written += len(text)
         line += 1
     return written
+
+
+def sized(request):
+    """A string of ``request`` double quotes (each sent escaped, and escaped again by MySQL)."""
+    return '"' * int(request)

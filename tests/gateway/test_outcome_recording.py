@@ -1,0 +1,76 @@
+"""A finished job's outcome is in the store before anything acts on it: the pods' reset (which
+makes the agent forget the result) and the caller's answer.
+
+Before, a store write that failed at the end of a job was logged and passed over: the caller was
+answered SUCCEEDED while the store kept the job RUNNING, and the agent had already forgotten
+the result a restarted broker would need. Two ways it failed, each run here on a real broker in
+this process (``in_process_broker``): a record the store cannot take (on MySQL, an output near
+the body cap over the default ``max_allowed_packet``; here the store's limit is lowered so a
+small output reaches it on SQLite), and a store that fails for a while (``JobStore.update``
+patched to raise a few times, as a dropped connection does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from functions.sdk import ApiError, Client
+from gateway.auth import Role
+from gateway.jobs import Job
+from gateway.store import JobStore
+from pool_manager.states import TERMINAL_JOB_STATES
+from tests.conftest import EXAMPLES
+from tests.gateway.test_broker_faults import in_process_broker
+
+BEHAVIOURS = Path(__file__).parent / "behaviours"
+
+
+def test_an_outcome_the_store_cannot_hold_fails_the_job_too_large(tmp_path: Path) -> None:
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        assert broker.store is not None
+        broker.store.max_statement_bytes = 100_000
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(BEHAVIOURS, name="sized", sku="cpu", entrypoint="behaviours:sized")
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            # 60,000 quotes: 120 kB of JSON, 240 kB once the store escapes it.
+            big = fp.invoke("sized", 60_000, lease_tag="t")
+            stored = fp.job(big["id"])
+            small = fp.invoke("sized", 10, lease_tag="t")
+            with pytest.raises(ApiError) as refused:
+                fp.submit("sized", "x" * 120_000)
+    assert big["state"] == stored["state"] == "FAILED", big
+    assert big["error"]["class"] == stored["error"]["class"] == "TooLarge"
+    assert "the job's outcome would take" in big["error"]["message"]
+    assert big["output"] is None and stored["output"] is None
+    assert small["state"] == "SUCCEEDED" and small["output"] == '"' * 10
+    assert small["acquisition"]["path"] == "warm", "the pod was reset and kept, not lost"
+    assert (refused.value.status, refused.value.error_class) == (413, "TooLarge")
+
+
+def test_an_outcome_is_retried_until_the_store_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_update = JobStore.update
+    refused: list[str] = []
+
+    async def flaky(self: JobStore, job: Job, revision: int) -> Any:
+        if job.input == "flaky" and job.state in TERMINAL_JOB_STATES and len(refused) < 3:
+            refused.append(str(job.state))
+            raise ConnectionError("the store is down")
+        return await real_update(self, job, revision)
+
+    monkeypatch.setattr(JobStore, "update", flaky)
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            job = fp.invoke("noop", "flaky", lease_tag="t")
+            stored = fp.job(job["id"])
+            after = fp.invoke("noop", "fine", lease_tag="t")
+    assert refused == ["SUCCEEDED"] * 3, "the outcome was tried again until it was recorded"
+    assert job["state"] == stored["state"] == "SUCCEEDED", (job, stored)
+    assert stored["output"] == "flaky"
+    assert after["state"] == "SUCCEEDED" and after["acquisition"]["path"] == "warm"
