@@ -31,11 +31,24 @@ def nests_deeper(value: Any, levels: int = MAX_NESTING, text: bytes | None = Non
     orjson's own notion of depth."""
     if text is not None and text.count(b"[") + text.count(b"{") <= levels:
         return False
-    probe = value
-    for _ in range(ORJSON_MAX_DEPTH - levels):
-        probe = [probe]
     try:
-        orjson.dumps(probe)
-    except orjson.JSONEncodeError:
+        json_within(value, levels)
+    except ValueError:
         return True
     return False
+
+
+def json_within(value: Any, levels: int = MAX_NESTING) -> bytes:
+    """``value`` serialized, as ``orjson.dumps`` would; ``ValueError`` if it nests more than
+    ``levels`` deep or is not JSON data. One pass in C: ``value`` is serialized inside
+    ``ORJSON_MAX_DEPTH - levels`` wrapping lists, which orjson refuses past its own depth
+    limit, and the wrapping is cut off the text."""
+    wraps = ORJSON_MAX_DEPTH - levels
+    probe = value
+    for _ in range(wraps):
+        probe = [probe]
+    try:
+        text = orjson.dumps(probe)
+    except orjson.JSONEncodeError as exc:
+        raise ValueError(str(exc)) from None
+    return text[wraps:-wraps]

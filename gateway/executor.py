@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from functions.errors import ErrorClass
+from functions.nesting import MAX_NESTING, json_within
 from functions.spec import FunctionSpec
 from gateway.agent_client import AgentClient, AgentUnreachable
-from gateway.jobs import Job
+from gateway.jobs import Job, JsonText
 
 GRACE_S = 30.0
 
@@ -44,10 +45,23 @@ class Outcome:
 
     @classmethod
     def from_agent(cls, body: Mapping[str, Any]) -> Outcome:
+        """The agent's result. Its output is kept as JSON text (``JsonText``), serialized
+        once here and never built again: the store keeps that text and every answer embeds
+        it. An output that nests past the limit, which only a job that forged its agent's
+        answer can send, fails the attempt as ``FunctionError``."""
+        state = str(body.get("state", "failed"))
+        output, error = body.get("output"), body.get("error")
+        if output is not None:
+            try:
+                output = JsonText(json_within(output).decode())
+            except ValueError as exc:
+                state, output = "failed", None
+                message = f"the pod answered an output past {MAX_NESTING} levels: {exc}"
+                error = {"class": str(ErrorClass.FUNCTION_ERROR), "message": message}
         return cls(
-            state=str(body.get("state", "failed")),
-            output=body.get("output"),
-            error=body.get("error"),
+            state=state,
+            output=output,
+            error=error,
             exit_code=body.get("exit_code"),
             started=body.get("started"),
             first_instruction=body.get("first_instruction"),

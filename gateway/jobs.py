@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from pool_manager.states import JobState
 
 
@@ -71,6 +73,9 @@ class Job:
     max_retries: int = 0
     pods_needed: int = 1
     output: Any = None
+    """The function's return value. From an agent or the store it is the value's JSON text,
+    a ``JsonText`` (``output_value`` builds it): the broker stores and answers it without
+    building it."""
     error: dict[str, str] | None = None
     exit_code: int | None = None
     retries: int = 0
@@ -102,7 +107,7 @@ class Job:
             "queue": self.queue,
             "priority": self.priority,
             "timeout_s": self.timeout_s,  # the caller's; None: the function's
-            "output": self.output,
+            "output": self.output.fragment() if isinstance(self.output, JsonText) else self.output,
             "output_expired": self.output_expired,
             "error": self.error,
             "retries": self.retries,
@@ -118,3 +123,23 @@ class Job:
         if self.exit_code is not None:
             body["exit_code"] = self.exit_code
         return body
+
+
+@dataclass(frozen=True, slots=True)
+class JsonText:
+    """A JSON value kept as its text: the broker passes a job's output through (from the
+    agent to the store and to callers) without building it (``Job.output``)."""
+
+    text: str
+
+    def value(self) -> Any:
+        return orjson.loads(self.text)
+
+    def fragment(self) -> orjson.Fragment:
+        """What orjson embeds as it is, unparsed."""
+        return orjson.Fragment(self.text)
+
+
+def output_value(output: Any) -> Any:
+    """A job's output as a value: ``Job.output`` kept as JSON text is parsed, else as is."""
+    return output.value() if isinstance(output, JsonText) else output

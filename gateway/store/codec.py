@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from functions.spec import FunctionSpec
-from gateway.jobs import Attempt, Job
+from gateway.jobs import Attempt, Job, JsonText
 from pool_manager.states import JobState
 
 #: Columns an ``update`` may change; every other job column is fixed at submit.
@@ -46,11 +46,27 @@ def _loads_opt(text: str | bytes | None) -> Any:
     return None if text is None else orjson.loads(text)
 
 
+def _output_text(output: Any) -> str | None:
+    """The output column: an output kept as JSON text is stored as it is."""
+    if output is None:
+        return None
+    if isinstance(output, JsonText):
+        return output.text
+    return orjson.dumps(output).decode()
+
+
+def _output_json(text: str | bytes | None) -> JsonText | None:
+    """A stored output as its JSON text, never parsed here."""
+    if text is None:
+        return None
+    return JsonText(text if isinstance(text, str) else text.decode())
+
+
 def job_mutable_values(job: Job) -> dict[str, Any]:
     """The values of ``MUTABLE_JOB_COLUMNS`` for ``job``."""
     return {
         "state": job.state.value,
-        "output": _dumps_opt(job.output),
+        "output": _output_text(job.output),
         "error": _dumps_opt(job.error),
         "exit_code": job.exit_code,
         "retries": job.retries,
@@ -104,7 +120,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         timeout_s=row["timeout_s"],
         max_retries=row["max_retries"],
         pods_needed=row["pods_needed"],
-        output=_loads_opt(row["output"]),
+        output=_output_json(row["output"]),
         error=_loads_opt(row["error"]),
         exit_code=row["exit_code"],
         retries=row["retries"],

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from functions.errors import Conflict
+from gateway.jobs import JsonText
 from gateway.store import JobStore
 from gateway.store.writer import WriteContext
 from pool_manager.states import JobState
@@ -124,7 +125,7 @@ async def test_writes_after_close_are_refused(store_url: str) -> None:
 async def test_writes_to_one_job_in_one_batch_apply_in_order(store: JobStore) -> None:
     job = make_job()
     running = dataclasses.replace(job, state=JobState.RUNNING)
-    done = dataclasses.replace(job, state=JobState.SUCCEEDED, output=[1], finished=5.0)
+    done = dataclasses.replace(job, state=JobState.SUCCEEDED, output=JsonText("[1]"), finished=5.0)
     others = [make_job() for _ in range(3)]
     results = await held_batch(
         store,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from functions.errors import Conflict, NotFound
-from gateway.jobs import Attempt, Job
+from gateway.jobs import Attempt, Job, JsonText
 from gateway.store import JobStore, StaleRevision, open_store
 from gateway.store.codec import MUTABLE_JOB_COLUMNS
 from pool_manager.states import IllegalTransition, JobState
@@ -47,7 +47,7 @@ async def test_an_update_persists_every_mutable_field(store: JobStore) -> None:
     await store.update(job, 0)
     assert job.revision == 1
     job.state = JobState.FAILED
-    job.output = {"partial": [1, 2]}
+    job.output = JsonText('{"partial":[1,2]}')  # as the broker holds an output
     job.error = {"class": "NonZeroExit", "message": "exit 3"}
     job.exit_code = 3
     job.retries = 1
