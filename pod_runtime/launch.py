@@ -9,8 +9,9 @@ tmpfs ``/tmp``, ``/dev/shm`` and package directory (``workspace/pkg``, unpacked 
 so kept in memory); the broker's state directory and its user's home replaced by empty
 ones (``hidden``: the signing key, job store, packages, logs, the other pods, every pod's
 metadata and the operator's credentials are out of sight; the interpreter and code are bound
-back read-only, parent before child, ``_layered_mounts``); the pod directory is the only
-writable tree; all capabilities
+back read-only, parent before child, ``_layered_mounts``); the host's root-only files and its
+unix sockets masked (``host_secrets``); the pod directory is the only writable tree; all
+capabilities
 dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
 prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
 and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
@@ -28,6 +29,7 @@ import logging
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -105,6 +107,56 @@ def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
     return kept
 
 
+HOST_SCAN_ROOTS = ("/etc", "/var", "/srv", "/opt", "/home", "/run", "/mnt", "/media")
+"""Where ``host_secrets`` looks, ``HOST_SCAN_DEPTH`` levels down."""
+HOST_SCAN_DEPTH = 3
+
+
+def host_secrets(
+    roots: Sequence[str] = HOST_SCAN_ROOTS,
+    depth: int = HOST_SCAN_DEPTH,
+    skip: Sequence[str] = (),
+) -> tuple[list[str], list[str]]:
+    """``(directories, files)`` of the host the sandbox masks: every path owned by uid 0 that
+    others may not read (the sandbox runs as uid 0 without capabilities, and would read them
+    as their owner: ``/etc/shadow``, ``/etc/ssl/private``, another broker's signing key) and
+    every unix socket (a host daemon's, reached as uid 0: MariaDB's lets root in by socket
+    authentication, Docker's is root on the host). A masked directory is not descended, a
+    symlink never followed, and nothing inside ``skip`` (paths the sandbox replaces or binds
+    itself) is listed."""
+    dirs: list[str] = []
+    files: list[str] = []
+    skipped = tuple(os.path.abspath(p) for p in skip)
+
+    def inside_skip(path: str) -> bool:
+        return any(path == s or path.startswith(s + "/") for s in skipped)
+
+    def walk(directory: str, left: int) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            if inside_skip(entry.path):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if stat.S_ISSOCK(st.st_mode) or (st.st_uid == 0 and not st.st_mode & stat.S_IROTH):
+                (dirs if is_dir else files).append(entry.path)
+            elif is_dir and left > 1:
+                walk(entry.path, left - 1)
+
+    for root in roots:
+        if os.path.isdir(root) and not os.path.islink(root) and not inside_skip(root):
+            walk(root, depth)
+    return dirs, files
+
+
 def _layered_mounts(emptied: Sequence[str], bound_back: Sequence[str]) -> list[str]:
     """bwrap options that empty each of ``emptied`` (a tmpfs) and bind each of ``bound_back``
     read-only again, applied parent before child so that the deeper rule wins in its subtree:
@@ -131,10 +183,15 @@ def _bwrap_argv(
         argv += ["--dev-bind", node, node]
     argv += ["--proc", "/proc"]
     masked = [str(Path(h).resolve()) for h in hidden]
+    runtime = _runtime_paths(python, masked)
+    secret_dirs, secret_files = host_secrets(skip=[*PRIVATE_MOUNTS, *masked, *runtime])
     argv += _layered_mounts(
-        [*PRIVATE_MOUNTS, *masked],  # private tmp; the broker's state, keys, other pods
-        _runtime_paths(python, masked),
+        # private tmp; the broker's state, keys, other pods; the host's root-only files
+        [*PRIVATE_MOUNTS, *masked, *secret_dirs],
+        runtime,
     )
+    for path in secret_files:  # /dev/null in place of each root-only file and socket (a
+        argv += ["--dev-bind", "/dev/null", path]  # plain bind would refuse the device node)
     argv += ["--bind", str(pod_dir), str(pod_dir)]  # its own directory, inside a hidden one
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.

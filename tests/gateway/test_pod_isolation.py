@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,12 @@ def server() -> Iterator[BrokerServer]:
     # the checkout on the broker's sys.path (PYTHONPATH here), so the sandbox binds it back
     # inside the hidden $HOME, and must still hide the state directory inside it.
     base = Path(tempfile.mkdtemp(prefix="firepool-isolation-", dir="/var/tmp"))
+    base.chmod(0o755)  # so the sandbox's host scan looks inside, at the two below
+    (base / "root-only").write_text("canary")  # a root-only file: masked
+    (base / "root-only").chmod(0o600)
+    host_socket = socket.socket(socket.AF_UNIX)  # a host daemon's socket: masked
+    host_socket.bind(str(base / "daemon.sock"))
+    host_socket.listen()
     operator = base / "home"  # the broker user's $HOME
     (operator / ".aws").mkdir(parents=True)
     (operator / ".aws" / "credentials").write_text("canary")
@@ -50,8 +57,10 @@ def server() -> Iterator[BrokerServer]:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="snoop", sku="cpu", entrypoint="behaviours:snoop")
             fp.deploy(BEHAVIOURS, name="read", sku="cpu", entrypoint="behaviours:read")
+            fp.deploy(BEHAVIOURS, name="connect", sku="cpu", entrypoint="behaviours:connect")
         yield server
     finally:
+        host_socket.close()
         server.stop()
         kill_pods(home)
         shutil.rmtree(base, ignore_errors=True)
@@ -70,6 +79,17 @@ def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_operators_secrets
     assert seen["home"] == ["pods"], seen  # no signing.key, jobs.db, packages, logs
     assert seen["pods"] == [pod], seen  # no other pod, no pod's record
     assert seen["canaries"] == [], seen  # the broker's environment stayed with the broker
+    # The host's root-only files read empty, its daemons' sockets refuse.
+    base = server.home.parent.parent.parent
+    assert (base / "root-only").read_text() == "canary"  # as the broker sees it
+    with Client(server.url, server.token("snooper", Role.INVOKE)) as fp:
+        hidden = fp.invoke("read", str(base / "root-only"), lease_tag="t")
+        shadow = fp.invoke("read", "/etc/shadow", lease_tag="t")
+        daemon = fp.invoke("connect", str(base / "daemon.sock"), lease_tag="t")
+    assert hidden["output"] == "", (hidden["state"], hidden["error"])
+    if Path("/etc/shadow").is_file():
+        assert shadow["output"] == "", shadow
+    assert daemon["output"].startswith("refused"), daemon
     # What the job wrote in its view changed nothing the broker keeps.
     record = json.loads((server.home / "pods" / f"{pod}.json").read_text())
     assert record["annotations"]["firepool/owner"] == "snooper", record

@@ -111,3 +111,15 @@ def shout(request):
 def sized(request):
     """A string of ``request`` double quotes (each sent escaped, and escaped again by MySQL)."""
     return '"' * int(request)
+
+
+def connect(request):
+    """Whether the unix socket ``request`` answers a connect (test_pod_isolation)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(request)
+        except OSError as exc:
+            return f"refused: {exc}"
+    return "connected"
