@@ -203,7 +203,7 @@ async def create_function(request: Request) -> Response:
         single_use=body["single_use"],
         owner=principal.caller,
     )
-    stored = await broker.register_function(spec)
+    stored = await broker.register_function(spec, as_admin=principal.is_admin)
     return JSONResponse(stored.to_json(), status_code=201)
 
 
@@ -223,8 +223,9 @@ async def function_target(request: Request) -> Response:
     broker = _broker(request)
     name: str = request.path_params["name"]
     if request.method == "DELETE":
-        _principal(request, Role.DEPLOY)
-        if not await broker.delete_function(name):
+        principal = _principal(request, Role.DEPLOY)
+        caller = None if principal.is_admin else principal.caller
+        if not await broker.delete_function(name, caller):
             raise NotFound(f"no function named {name!r}")
         return JSONResponse({"deleted": name})
     _principal(request)

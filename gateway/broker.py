@@ -251,10 +251,11 @@ class Broker:
         if self._changes[spec.name] == changes:
             self._latest[spec.name] = spec
 
-    async def register_function(self, spec: FunctionSpec) -> FunctionSpec:
+    async def register_function(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
         """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
         the field for a spec no job of it could ever run: an unknown pool, a gang larger
-        than the pool's ceiling or its accelerator's budget, a package not uploaded."""
+        than the pool's ceiling or its accelerator's budget, a package not uploaded; and
+        ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
         spec.validate()
         pool = self.catalog.pool(spec.sku)
         budget = self.catalog.budget(pool.accelerator)
@@ -278,16 +279,18 @@ class Broker:
         try:
             # Not cached here: of registrations racing, this one's version may not be the
             # latest; the next read takes the latest from the store.
-            stored = await self.jobs.put_function(spec)
+            stored = await self.jobs.put_function(spec, as_admin=as_admin)
         finally:
             self._forget_latest(spec.name)
         self.dispatcher.specs[(stored.name, stored.version)] = stored
         return stored
 
-    async def delete_function(self, name: str) -> bool:
+    async def delete_function(self, name: str, caller: str | None = None) -> bool:
+        """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an
+        admin)."""
         self._forget_latest(name)
         try:
-            return await self.jobs.delete_function(name)
+            return await self.jobs.delete_function(name, caller)
         finally:
             self._forget_latest(name)
 

@@ -186,12 +186,17 @@ class JobStore:
 
     # -- functions and packages -----------------------------------------------------------
 
-    async def put_function(self, spec: FunctionSpec) -> FunctionSpec:
+    async def put_function(self, spec: FunctionSpec, *, as_admin: bool = False) -> FunctionSpec:
         """Register ``spec`` as the next version of its name (deleted versions count, so a
-        version number is never reused); return it with ``version`` and ``created`` set."""
+        version number is never reused); return it with ``version`` and ``created`` set.
+        Raises ``Forbidden`` when the name's latest live version belongs to another owner
+        than ``spec.owner``, unless ``as_admin``."""
         created = self._clock()
         row = function_row(dataclasses.replace(spec, created=created))
-        version = await self._writer.run(functools.partial(writes.put_function, row=row))
+        caller = None if as_admin else spec.owner
+        version = await self._writer.run(
+            functools.partial(writes.put_function, row=row, caller=caller)
+        )
         return dataclasses.replace(spec, version=version, created=created)
 
     async def get_function(self, name: str, version: int | None = None) -> FunctionSpec | None:
@@ -215,9 +220,12 @@ class JobStore:
             latest.setdefault(row["name"], function_from_row(row))
         return list(latest.values())
 
-    async def delete_function(self, name: str) -> bool:
-        """Hide every version of ``name``; False if there was no live version."""
-        return await self._writer.run(functools.partial(writes.delete_function, name=name))
+    async def delete_function(self, name: str, caller: str | None = None) -> bool:
+        """Hide every version of ``name``; False if there was no live version. Raises
+        ``Forbidden`` when it belongs to another owner than ``caller`` (None: an admin)."""
+        return await self._writer.run(
+            functools.partial(writes.delete_function, name=name, caller=caller)
+        )
 
     async def put_package(self, digest: str, size: int) -> None:
         """Record an uploaded package (idempotent)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import false, func, insert, select, update
 
-from functions.errors import IdempotencyMismatch, NotFound
+from functions.errors import Forbidden, IdempotencyMismatch, NotFound
 from gateway.store.errors import StaleRevision
 from gateway.store.statements import JobStatements, cas_params
 from gateway.store.tables import functions, jobs, packages
@@ -107,8 +107,26 @@ class UpdateJob:
         raise IllegalTransition(f"job {self.job_id}: {found.state} -> {self.target} is not allowed")
 
 
-def put_function(ctx: WriteContext, row: dict[str, Any]) -> int:
-    """Insert ``row`` as version latest + 1 of its name (deleted versions count); return it."""
+def _check_owner(ctx: WriteContext, name: str, caller: str | None) -> None:
+    """Raise ``Forbidden`` unless ``caller`` (None: an admin) may change function ``name``: a
+    name belongs to the owner of its latest live version (none, or an unowned one: anyone's)."""
+    if caller is None:
+        return
+    owner = ctx.conn.execute(
+        select(functions.c.owner)
+        .where(functions.c.name == name, functions.c.deleted.is_(False))
+        .order_by(functions.c.version.desc())
+        .limit(1)
+    ).scalar()
+    if owner and owner != caller:
+        raise Forbidden(f"function {name!r} belongs to {owner!r}; only its owner or an admin "
+                        "may change it")  # fmt: skip
+
+
+def put_function(ctx: WriteContext, row: dict[str, Any], caller: str | None = None) -> int:
+    """Insert ``row`` as version latest + 1 of its name (deleted versions count); return it.
+    ``caller``: who registers it (``Forbidden`` unless the name is theirs; None: an admin)."""
+    _check_owner(ctx, row["name"], caller)
     latest = ctx.conn.execute(
         select(func.max(functions.c.version)).where(functions.c.name == row["name"])
     ).scalar()
@@ -117,8 +135,10 @@ def put_function(ctx: WriteContext, row: dict[str, Any]) -> int:
     return version
 
 
-def delete_function(ctx: WriteContext, name: str) -> bool:
-    """Hide every version of ``name``; True if some version was live."""
+def delete_function(ctx: WriteContext, name: str, caller: str | None = None) -> bool:
+    """Hide every version of ``name``; True if some version was live. ``caller`` as for
+    ``put_function``."""
+    _check_owner(ctx, name, caller)
     result = ctx.conn.execute(
         update(functions)
         .where(functions.c.name == name, functions.c.deleted.is_(False))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from functions.errors import Forbidden
 from gateway.store import JobStore
 from tests.store.conftest import make_spec
 
@@ -54,6 +57,25 @@ async def test_a_deleted_function_is_gone_and_its_versions_are_never_reused(
     again = await store.put_function(make_spec())
     assert again.version == 2
     assert await store.get_function("echo") == again
+
+
+async def test_a_name_belongs_to_its_owner_until_it_is_deleted(store: JobStore) -> None:
+    """Another deployer could replace anyone's function with their own code (the callers of
+    the name then ran it with their inputs), or delete it."""
+    a1 = await store.put_function(make_spec(owner="alice"))
+    with pytest.raises(Forbidden, match="belongs to 'alice'"):
+        await store.put_function(make_spec(owner="bob"))
+    with pytest.raises(Forbidden):
+        await store.delete_function("echo", "bob")
+    assert await store.get_function("echo") == a1  # nothing written, no version taken
+    assert (await store.put_function(make_spec(owner="alice"))).version == 2
+    admin = await store.put_function(make_spec(owner="ops"), as_admin=True)
+    assert admin.version == 3  # an admin may, and owns the name now
+    with pytest.raises(Forbidden):
+        await store.delete_function("echo", "alice")
+    assert await store.delete_function("echo", "ops")
+    bob = await store.put_function(make_spec(owner="bob"))  # a deleted name is free
+    assert (bob.version, bob.owner) == (4, "bob")
 
 
 async def test_deleting_an_unknown_function_returns_false(store: JobStore) -> None:
