@@ -305,7 +305,9 @@ async def list_jobs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer", field="limit") from None
     if not 1 <= limit <= MAX_LISTED:
         raise InvalidRequest(f"limit must be in [1, {MAX_LISTED}]", field="limit")
-    jobs = await broker.jobs.list_jobs(caller=caller, states=states, limit=limit)
+    jobs = await broker.jobs.list_jobs(
+        caller=caller, states=states, limit=limit, output_budget=broker.settings.max_json_bytes
+    )
     return JSONResponse({"jobs": [j.to_public() for j in jobs]})
 
 

@@ -89,6 +89,9 @@ class Job:
     request_hash: str | None = None
     output_expired: bool = False
     """The result-retention period passed: the output (and logs) are gone."""
+    output_omitted: bool = False
+    """In a listing only: the output is left out to keep the listing's size bounded
+    (``JobStore.list_jobs``); the job's own record has it."""
 
     def next_attempt_id(self) -> str:
         """Attempt ids are ``<job-id>:<n>``, n counting every launch, so a re-queued attempt
@@ -122,6 +125,8 @@ class Job:
         }
         if self.exit_code is not None:
             body["exit_code"] = self.exit_code
+        if self.output_omitted:
+            body["output_omitted"] = True
         return body
 
 

@@ -104,14 +104,16 @@ def job_row(job: Job) -> dict[str, Any]:
 
 
 def job_from_row(row: Mapping[str, Any]) -> Job:
-    """Rebuild a ``Job`` from a full ``jobs`` row (a mapping of column name to value)."""
+    """Rebuild a ``Job`` from a ``jobs`` row (a mapping of column name to value); a row
+    without ``input`` (a listing's) gives ``input`` None, and ``output_omitted`` is a
+    listing's mark, never a column."""
     job = Job(
         id=row["id"],
         function=row["function"],
         version=row["version"],
         caller=row["caller"],
         sku=row["sku"],
-        input=orjson.loads(row["input"]),
+        input=orjson.loads(row["input"]) if "input" in row else None,
         state=JobState(row["state"]),
         revision=row["revision"],
         lease_tag=row["lease_tag"],
@@ -133,6 +135,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         idempotency_key=row["idempotency_key"],
         request_hash=row["request_hash"],
         output_expired=bool(row["output_expired"]),
+        output_omitted=bool(row.get("output_omitted", False)),
     )
     return job
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy import exc as sa_exc
 
 from functions.errors import Conflict, FirepoolError, TooLarge
@@ -153,9 +153,17 @@ class JobStore:
         function: str | None = None,
         states: Collection[JobState] | None = None,
         limit: int = 100,
+        output_budget: int | None = None,
     ) -> list[Job]:
-        """Jobs matching every given filter, newest submitted first."""
-        stmt = select(jobs)
+        """Jobs matching every given filter, newest submitted first, as summaries: without
+        their input (``Job.input`` None; ``get_job`` has it), and each with its output only
+        if that output's length fits in what is left of ``output_budget``, newest first
+        (None: no limit); a job whose output does not has ``output_omitted`` set. Nothing
+        left out is read from the database, so listing a thousand jobs of 16 MiB outputs
+        costs about one such output. (Lengths are the database's: characters on SQLite,
+        bytes on MySQL.)"""
+        columns = [c for c in jobs.c if c.name not in ("input", "output")]
+        stmt = select(*columns, func.length(jobs.c.output).label("output_length"))
         if caller is not None:
             stmt = stmt.where(jobs.c.caller == caller)
         if function is not None:
@@ -163,7 +171,27 @@ class JobStore:
         if states is not None:
             stmt = stmt.where(jobs.c.state.in_([s.value for s in states]))
         stmt = stmt.order_by(jobs.c.submitted.desc(), jobs.c.id.desc()).limit(limit)
-        return [job_from_row(r) for r in await self._read_rows(stmt)]
+        rows = await self._read_rows(stmt)
+        left = output_budget
+        wanted: list[str] = []
+        for row in rows:
+            size = row.pop("output_length")
+            if size is None:
+                continue
+            if left is not None and size > left:
+                row["output_omitted"] = True
+                continue
+            wanted.append(row["id"])
+            if left is not None:
+                left -= size
+        outputs: dict[str, Any] = {}
+        for start in range(0, len(wanted), 500):  # bounded IN lists
+            chunk = wanted[start : start + 500]
+            found = select(jobs.c.id, jobs.c.output).where(jobs.c.id.in_(chunk))
+            outputs.update((r["id"], r["output"]) for r in await self._read_rows(found))
+        for row in rows:
+            row["output"] = outputs.get(row["id"])
+        return [job_from_row(r) for r in rows]
 
     async def jobs_in_states(self, states: Collection[JobState]) -> list[Job]:
         """Every job in ``states``, oldest submitted first (restart recovery, App. A.1)."""

@@ -55,3 +55,11 @@ def test_the_text_is_what_orjson_writes_for_the_value() -> None:
         json_within(_nest(MAX_NESTING + 1))
     with pytest.raises(ValueError):
         json_within({1j})  # not JSON data
+
+
+def test_a_listing_entry_says_when_its_output_was_left_out() -> None:
+    job = Job(id="j", function="f", version=1, caller="c", sku="cpu", input=None,
+              state=JobState.SUCCEEDED, output_omitted=True)  # fmt: skip
+    assert job.to_public()["output_omitted"] is True and job.to_public()["output"] is None
+    assert "output_omitted" not in Job(id="j", function="f", version=1, caller="c",
+                                       sku="cpu", input=None).to_public()  # fmt: skip

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import orjson
 import pytest
 
 from functions.errors import Conflict, NotFound
-from gateway.jobs import Attempt, Job, JsonText
+from gateway.jobs import Attempt, Job, JsonText, output_value
 from gateway.store import JobStore, StaleRevision, open_store
 from gateway.store.codec import MUTABLE_JOB_COLUMNS
 from pool_manager.states import IllegalTransition, JobState
@@ -183,3 +184,30 @@ async def test_jobs_in_states_lists_oldest_first_and_survives_reopen(store_url: 
         assert [j.id for j in live] == [jobs[0].id, jobs[2].id, jobs[3].id]
     finally:
         await reopened.close()
+
+
+async def test_a_listing_leaves_out_inputs_and_the_outputs_past_its_budget(
+    store: JobStore,
+) -> None:
+    """A caller's listing of a thousand jobs with 16 MiB outputs read them all (and every
+    input) into the broker's memory; now it holds at most ``output_budget`` of outputs."""
+    sizes = [300, 50, 200, 100]  # oldest first
+    for n, size in enumerate(sizes):
+        job = make_job(submitted=1000.0 + n, input={"n": n})
+        await store.submit(job)
+        job.state = JobState.RUNNING
+        await store.update(job, 0)
+        job.state = JobState.SUCCEEDED
+        job.output = JsonText(orjson.dumps("x" * (size - 2)).decode())  # ``size`` characters
+        await store.update(job, 1)
+    listed = await store.list_jobs(output_budget=350)
+    # Newest first: 100 fits, 200 fits (50 left), 50 fits, 300 does not.
+    assert [output_value(j.output) for j in listed] == [
+        "x" * 98, "x" * 198, "x" * 48, None,
+    ]  # fmt: skip
+    assert [j.output_omitted for j in listed] == [False, False, False, True]
+    assert all(j.input is None for j in listed)
+    full = await store.get_job(listed[-1].id)
+    assert full is not None and full.input == {"n": 0} and not full.output_omitted
+    assert output_value(full.output) == "x" * 298
+    assert [j.output_omitted for j in await store.list_jobs()] == [False] * 4
