@@ -3,7 +3,8 @@
 One function returns ``--values`` one-element lists (``[[0],[0],...]``, 4 bytes of JSON each,
 16 MB by default: just under the 16 MiB output cap), the output that costs a Python process the
 most memory per byte. A broker on local pods runs ``--jobs`` such sync invokes, then ``--reads``
-reads of the finished job (``GET /v1/jobs/{id}``), while a thread samples the broker process's
+reads of the finished job (``GET /v1/jobs/{id}``) and as many listings of the jobs
+(``GET /v1/jobs?limit=JOBS``), while a thread samples the broker process's
 resident memory every 20 ms. Prints the medians of each step's wall time (client parse
 included) and the broker's peak resident memory above its level just before the step.
 
@@ -65,7 +66,7 @@ def run(values: int, jobs: int, reads: int, bar: bool) -> dict[str, Any]:
         try:
             with server.client("bench-dev", Role.DEPLOY) as fp:
                 fp.deploy(FUNCTION, name="nested", sku="cpu", entrypoint="outputs:nested")
-            progress = tqdm(total=jobs + reads, disable=not bar, desc="big output", unit="call")
+            progress = tqdm(total=jobs + 2 * reads, disable=not bar, desc="big output", unit="call")
             with server.client("bench") as fp, progress:
                 invoke_s, invoke_mb, job = [], [], None
                 for _ in range(jobs):
@@ -87,6 +88,15 @@ def run(values: int, jobs: int, reads: int, bar: bool) -> dict[str, Any]:
                     read_mb.append(peak.over())
                     assert len(got["output"]) == values
                     progress.update()
+                list_s, list_mb, listed = [], [], 0
+                for _ in range(reads):
+                    peak.mark()
+                    t0 = time.perf_counter()
+                    jobs_listed = fp.jobs(limit=jobs)
+                    list_s.append(time.perf_counter() - t0)
+                    list_mb.append(peak.over())
+                    listed = sum(j.get("output") is not None for j in jobs_listed)
+                    progress.update()
         finally:
             peak.stop()
             server.stop()
@@ -99,6 +109,9 @@ def run(values: int, jobs: int, reads: int, bar: bool) -> dict[str, Any]:
         "invoke_broker_peak_over_mb_median": statistics.median(invoke_mb),
         "read_median_s": statistics.median(read_s),
         "read_broker_peak_over_mb_median": statistics.median(read_mb),
+        "list_median_s": statistics.median(list_s),
+        "list_broker_peak_over_mb_median": statistics.median(list_mb),
+        "list_outputs_included": listed,
     }
 
 
