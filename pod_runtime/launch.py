@@ -32,6 +32,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -157,6 +159,26 @@ def host_secrets(
     return dirs, files
 
 
+HOST_SCAN_TTL_S = 10.0
+"""How long one ``host_secrets`` walk serves the pods launched after it (a burst of pods
+shares one, ~15 ms here); a root-only file created meanwhile is masked from the next walk."""
+_scans: dict[tuple[str, ...], tuple[float, tuple[list[str], list[str]]]] = {}
+_scans_lock = threading.Lock()
+
+
+def _recent_host_secrets(skip: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``host_secrets(skip=skip)``, walked at most every ``HOST_SCAN_TTL_S`` (launches run in
+    the backend's worker threads: the lock makes concurrent ones share a walk)."""
+    key = tuple(skip)
+    with _scans_lock:
+        cached = _scans.get(key)
+        if cached is not None and time.monotonic() - cached[0] < HOST_SCAN_TTL_S:
+            return cached[1]
+        found = host_secrets(skip=key)
+        _scans[key] = (time.monotonic(), found)
+        return found
+
+
 def _layered_mounts(emptied: Sequence[str], bound_back: Sequence[str]) -> list[str]:
     """bwrap options that empty each of ``emptied`` (a tmpfs) and bind each of ``bound_back``
     read-only again, applied parent before child so that the deeper rule wins in its subtree:
@@ -184,7 +206,7 @@ def _bwrap_argv(
     argv += ["--proc", "/proc"]
     masked = [str(Path(h).resolve()) for h in hidden]
     runtime = _runtime_paths(python, masked)
-    secret_dirs, secret_files = host_secrets(skip=[*PRIVATE_MOUNTS, *masked, *runtime])
+    secret_dirs, secret_files = _recent_host_secrets([*PRIVATE_MOUNTS, *masked, *runtime])
     argv += _layered_mounts(
         # private tmp; the broker's state, keys, other pods; the host's root-only files
         [*PRIVATE_MOUNTS, *masked, *secret_dirs],

@@ -192,3 +192,38 @@ def test_without_bubblewrap_pods_run_plain_after_one_warning(
             launch.agent_command(pod_name="c", pod_dir=tmp_path, listen="unix:/x", sandbox=True)
     finally:
         launch.sandbox_status.cache_clear()
+
+
+def test_host_secrets_lists_root_only_paths_and_sockets_and_a_burst_shares_one_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("root-owned files are made by root: this test runs as uid 0 only")
+    root = tmp_path / "host"
+    (root / "open" / "deeper").mkdir(parents=True)
+    (root / "open" / "readable").write_text("x")
+    (root / "open" / "secret").write_text("x")
+    (root / "open" / "secret").chmod(0o600)
+    (root / "locked").mkdir(mode=0o700)
+    (root / "locked" / "inside").write_text("x")  # never listed: its directory is masked
+    (root / "link").symlink_to(root / "open" / "secret")  # never followed
+    (root / "skipped").mkdir()
+    (root / "skipped" / "secret").write_text("x")
+    (root / "skipped" / "secret").chmod(0o600)
+    with socket.socket(socket.AF_UNIX) as daemon:
+        daemon.bind(str(root / "open" / "deeper" / "daemon.sock"))
+        dirs, files = launch.host_secrets(roots=[str(root)], skip=[str(root / "skipped")])
+    assert dirs == [str(root / "locked")]
+    assert sorted(files) == [str(root / "open" / "deeper" / "daemon.sock"),
+                             str(root / "open" / "secret")]  # fmt: skip
+    assert launch.host_secrets(roots=[str(root)], depth=1) == ([str(root / "locked")], [])
+
+    walks: list[object] = []
+    monkeypatch.setattr(launch, "host_secrets", lambda skip: walks.append(skip) or ([], []))
+    monkeypatch.setattr(launch, "_scans", {})
+    for _ in range(3):
+        launch._recent_host_secrets(["/a"])
+    assert len(walks) == 1, "a burst of launches shares one walk"
+    monkeypatch.setattr(launch, "HOST_SCAN_TTL_S", 0.0)
+    launch._recent_host_secrets(["/a"])
+    assert len(walks) == 2, "an expired walk is done again"
