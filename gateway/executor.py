@@ -50,7 +50,7 @@ class Outcome:
         it. An output that nests past the limit, which only a job that forged its agent's
         answer can send, fails the attempt as ``FunctionError``."""
         state = str(body.get("state", "failed"))
-        output, error = body.get("output"), body.get("error")
+        output, error = body.get("output"), bounded_error(body.get("error"))
         if output is not None:
             try:
                 output = JsonText(json_within(output).decode())
@@ -87,6 +87,31 @@ class Outcome:
             finished=time.time(),
             lost_pods=pods,
         )
+
+
+ERROR_FIELD_CHARS = 8192
+"""Longest text kept in one field of an attempt's error (the agent sends at most 8,000
+characters of message and of traceback; a forged answer could send megabytes, which every
+read and listing of the job would then carry twice: job and attempt)."""
+ERROR_FIELDS = 6
+"""Most fields kept in an attempt's error (``class``, ``message``, ``type``, ``traceback``...)."""
+
+
+def bounded_error(error: object) -> dict[str, str] | None:
+    """The agent's error as the broker keeps it: string fields, each at most
+    ``ERROR_FIELD_CHARS`` (the rest counted), at most ``ERROR_FIELDS`` of them."""
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        error = {"class": str(ErrorClass.INTERNAL), "message": str(error)}
+    kept: dict[str, str] = {}
+    for key, value in list(error.items())[:ERROR_FIELDS]:
+        text = value if isinstance(value, str) else str(value)
+        if len(text) > ERROR_FIELD_CHARS:
+            cut = len(text) - ERROR_FIELD_CHARS
+            text = f"{text[:ERROR_FIELD_CHARS]} ... [{cut} more characters]"
+        kept[str(key)[:64]] = text
+    return kept
 
 
 def _free_port() -> int:

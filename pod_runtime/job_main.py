@@ -46,6 +46,9 @@ when it reads the result, and to a command's ``$FIREPOOL_OUTPUT_FILE``."""
 
 TRACEBACK_LINES = 40
 TRACEBACK_CHARS = 8000
+MESSAGE_CHARS = 8000
+"""Longest exception message a result carries (its start and a count of what was cut); the
+whole message is in the job's log."""
 
 
 def _write(path: str, data: bytes) -> None:
@@ -105,12 +108,11 @@ async def _await(awaitable: Any) -> Any:
 def _failure(exc: BaseException, prefix: str = "") -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).splitlines()
     tail = "\n".join(lines[-TRACEBACK_LINES:])[-TRACEBACK_CHARS:]
-    return {
-        "ok": False,
-        "type": type(exc).__name__,
-        "message": prefix + str(exc),
-        "traceback": tail,
-    }
+    message = prefix + str(exc)
+    if len(message) > MESSAGE_CHARS:
+        cut = len(message) - MESSAGE_CHARS
+        message = f"{message[:MESSAGE_CHARS]} ... [{cut} more characters in the log]"
+    return {"ok": False, "type": type(exc).__name__, "message": message, "traceback": tail}
 
 
 def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:

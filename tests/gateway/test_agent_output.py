@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, json_within
-from gateway.executor import Outcome
+from gateway.executor import ERROR_FIELD_CHARS, ERROR_FIELDS, Outcome
 from gateway.jobs import Job, JsonText, output_value
 from pool_manager.states import JobState
 
@@ -63,3 +63,17 @@ def test_a_listing_entry_says_when_its_output_was_left_out() -> None:
     assert job.to_public()["output_omitted"] is True and job.to_public()["output"] is None
     assert "output_omitted" not in Job(id="j", function="f", version=1, caller="c",
                                        sku="cpu", input=None).to_public()  # fmt: skip
+
+
+def test_an_error_is_kept_bounded_whatever_the_agent_sent() -> None:
+    """A function's 15 MB exception message was stored twice per job (job and attempt) and
+    read by every listing: a thousand of them took the broker to some 30 GB."""
+    sent = {"class": "FunctionError", "message": "x" * 15_000_000, "traceback": "t" * 10}
+    sent.update({f"extra{i}": "y" for i in range(20)})
+    error = Outcome.from_agent({"state": "failed", "error": sent}).error
+    assert error is not None and len(error) == ERROR_FIELDS
+    assert error["class"] == "FunctionError" and error["traceback"] == "t" * 10
+    assert len(error["message"]) < ERROR_FIELD_CHARS + 64
+    assert error["message"].endswith(f"[{15_000_000 - ERROR_FIELD_CHARS} more characters]")
+    odd = Outcome.from_agent({"state": "failed", "error": ["not", "a", "dict"]}).error
+    assert odd == {"class": "InternalError", "message": "['not', 'a', 'dict']"}

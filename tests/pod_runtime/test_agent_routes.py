@@ -83,6 +83,11 @@ def test_user_failures_have_their_error_classes(
     assert boom["state"] == "failed" and boom["error"]["class"] == "FunctionError"
     assert "ValueError: bad input 7" in boom["error"]["message"]
     assert "raise ValueError" in boom["error"]["traceback"]
+    # A huge message is cut in the result (the log has it whole): a job's error is read
+    # with every read and listing of the job.
+    long = agent.run(spec("fail-5:1", package, "jobs:boom", "x" * 3_000_000))["error"]
+    assert long["message"].startswith("ValueError: bad input xxx") and len(long["message"]) < 8100
+    assert long["message"].endswith(" more characters in the log]")
     bad = agent.run(spec("fail-2:1", package, "jobs:unserializable"))
     assert bad["error"]["class"] == "FunctionError" and "JSON" in bad["error"]["message"]
     code = agent.run(spec("fail-3:1", package, "jobs:exit_code", 3))
