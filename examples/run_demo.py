@@ -20,7 +20,7 @@ import httpx
 from examples import agent_loop
 from functions.sdk import Client
 from gateway.auth import Authenticator, Role, load_or_create_key
-from gateway.settings import Settings
+from gateway.settings import Settings, private_home
 
 HERE = Path(__file__).parent
 FUNCTIONS = {
@@ -68,7 +68,7 @@ def main() -> int:
 
     settings = Settings.from_env()
     env = dict(os.environ, FIREPOOL_HOME=str(settings.home))
-    settings.home.mkdir(parents=True, exist_ok=True)
+    private_home(settings.home)
     log_path = settings.home / "broker.log"
     print(
         f"starting the broker on {url} (state in {settings.home}/, log in {log_path})", flush=True

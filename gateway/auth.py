@@ -7,6 +7,7 @@ token's ``sub``, never a body field.
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -53,8 +54,10 @@ def load_or_create_key(path: Path) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_bytes(32)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(key.hex())
-    tmp.chmod(0o600)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex())
     tmp.replace(path)
     return key
 

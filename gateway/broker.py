@@ -29,7 +29,7 @@ from gateway.lifecycle import LogArchive, PodRecycler
 from gateway.package_check import check_package_file
 from gateway.pods import PodManager
 from gateway.recovery import recover
-from gateway.settings import Settings
+from gateway.settings import Settings, private_home
 from gateway.store import JobStore, StoreSettings, open_store
 from gateway.store.store import STATEMENT_OVERHEAD
 from pool_manager.backends.base import PodBackend
@@ -55,7 +55,7 @@ class Broker:
     def __init__(self, settings: Settings, backend: PodBackend | None = None) -> None:
         self.settings = settings
         home = settings.home
-        home.mkdir(parents=True, exist_ok=True)
+        private_home(home)
         self.catalog = (
             Catalog.load(settings.catalog_path) if settings.catalog_path else Catalog.default()
         )

@@ -89,7 +89,7 @@ def start_broker(
     extra_env: dict[str, str] | None = None,
 ) -> BrokerServer:
     """Start ``firepool serve`` with state in ``home`` and an optional YAML catalog."""
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     port = port or free_port()
     env = dict(os.environ, FIREPOOL_HOME=str(home), **(extra_env or {}))
     if catalog is not None:

@@ -5,9 +5,12 @@ No other module reads ``os.environ`` for configuration; they receive a ``Setting
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+log = logging.getLogger("firepool.broker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +84,20 @@ class Settings:
             retention_sweep_s=float(env.get("FIREPOOL_RETENTION_SWEEP_S", 60.0)),
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def private_home(home: Path) -> None:
+    """Create the state directory owner-only (0700): it holds the signing key, the job store,
+    every package and log, and pod records. An existing one that others may enter is left as
+    the operator made it, with a warning (any local user could read the job store's inputs
+    and outputs and other callers' packages there)."""
+    if not home.exists():
+        home.mkdir(mode=0o700, parents=True)
+        home.chmod(0o700)  # whatever the umask
+        return
+    mode = home.stat().st_mode
+    if mode & 0o077:
+        log.warning(
+            "the state directory %s is open to other users (mode %o): it holds the signing key, "
+            "the job store, packages and logs; chmod 700 it", home, mode & 0o777,
+        )  # fmt: skip

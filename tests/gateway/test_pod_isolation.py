@@ -10,6 +10,7 @@ bubblewrap: without it pods are plain processes, and this test says so as it ski
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import tempfile
@@ -19,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from functions.sdk import Client
-from gateway.auth import Role
+from gateway.auth import Role, load_or_create_key
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from gateway.settings import private_home
 from pod_runtime.launch import sandbox_status
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
@@ -94,3 +96,23 @@ def test_a_job_sees_only_its_own_pod_directory_and_none_of_the_operators_secrets
     record = json.loads((server.home / "pods" / f"{pod}.json").read_text())
     assert record["annotations"]["firepool/owner"] == "snooper", record
     assert not (server.home / "pods" / f"{pod}.json").read_text().startswith('{"annotations": {}')
+
+
+def test_a_new_state_directory_is_private_and_an_open_one_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another broker's job store (0644 in a 0755 home) and packages were readable by any
+    local user, and by jobs in pods (found by an adversarial run)."""
+    home = tmp_path / "new" / "state"
+    private_home(home)
+    assert home.stat().st_mode & 0o777 == 0o700
+    key = load_or_create_key(home / "signing.key")
+    assert (home / "signing.key").stat().st_mode & 0o777 == 0o600
+    assert load_or_create_key(home / "signing.key") == key
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with caplog.at_level(logging.WARNING, logger="firepool.broker"):
+        private_home(shared)
+    assert shared.stat().st_mode & 0o777 == 0o755, "an operator's directory is left as it is"
+    assert "open to other users (mode 755)" in caplog.text
