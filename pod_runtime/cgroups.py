@@ -232,7 +232,10 @@ def kill_pod(pod_name: str, wait_s: float = 2.0) -> bool:
     _write(pod / "cgroup.kill", "1")
     deadline = time.monotonic() + wait_s
     while True:
-        children = sorted((p for p in pod.rglob("*") if p.is_dir()), reverse=True)
+        try:
+            children = sorted((p for p in pod.rglob("*") if p.is_dir()), reverse=True)
+        except OSError:  # a job cgroup removed (by the agent's reset) while listed
+            children = []
         for child in [*children, pod]:
             with contextlib.suppress(OSError):
                 child.rmdir()

@@ -227,3 +227,29 @@ def test_host_secrets_lists_root_only_paths_and_sockets_and_a_burst_shares_one_w
     monkeypatch.setattr(launch, "HOST_SCAN_TTL_S", 0.0)
     launch._recent_host_secrets(["/a"])
     assert len(walks) == 2, "an expired walk is done again"
+
+
+def test_deleting_a_pod_survives_its_cgroups_vanishing_while_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job cgroup the agent's reset removed while ``kill_pod`` listed the pod's cgroups
+    raised ``FileNotFoundError`` out of the backend's delete (seen in the broker's log:
+    "Task exception was never retrieved", the pod not deleted)."""
+    from pod_runtime import cgroups
+
+    pod = tmp_path / "cpu-1"
+    (pod / "job-1").mkdir(parents=True)
+    monkeypatch.setattr(cgroups, "pod_cgroup_dir", lambda name: pod)
+    monkeypatch.setattr(cgroups, "_write", lambda path, text: None)
+    listed = {"n": 0}
+    real_rglob = Path.rglob
+
+    def vanishing(self: Path, pattern: str) -> object:
+        listed["n"] += 1
+        if listed["n"] == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(pod / "job-1"))
+        return real_rglob(self, pattern)
+
+    monkeypatch.setattr(Path, "rglob", vanishing)
+    assert cgroups.kill_pod("cpu-1", wait_s=1.0) is True
+    assert listed["n"] >= 2 and not pod.exists()
