@@ -311,6 +311,10 @@ async def list_jobs(request: Request) -> Response:
     return JSONResponse({"jobs": [j.to_public() for j in jobs]})
 
 
+SETTLE_WAIT_S = 60.0
+"""Longest a log read waits for an ended job to be settled (its log archived)."""
+
+
 async def job_logs(request: Request) -> Response:
     """The job's log: live from rank 0's agent while it runs, from the archive afterwards
     (same byte offsets); ``?follow=1`` streams until the job ends."""
@@ -318,11 +322,23 @@ async def job_logs(request: Request) -> Response:
     follow = query_switch(request, "follow")
 
     async def chunks() -> AsyncIterator[bytes]:
-        offset = 0
+        offset, attempt_id = 0, None
         while True:
+            live = broker.dispatcher.live.get(job.id)
+            if live is not None and live.state in TERMINAL_JOB_STATES:
+                # Ended but not yet settled (its outcome being recorded, its pods reset):
+                # its log is archived once it is, which ``logs_settled`` then waits for.
+                await broker.dispatcher.wait(job.id, SETTLE_WAIT_S)
             current = await broker.get_job(job.id) or job
             running = current.state is JobState.RUNNING and bool(current.attempts)
             if running:
+                attempt = current.attempts[-1].id
+                if attempt_id is not None and attempt != attempt_id:
+                    # A retry: the new attempt's log starts again at its own offset 0, and
+                    # only the last attempt's log is archived (``LogArchive``).
+                    offset = 0
+                    yield f"[firepool] attempt {attempt} follows; its log:\n".encode()
+                attempt_id = attempt
                 data = await broker.live_log(current, offset)
             else:
                 await broker.recycler.logs_settled(job.id)

@@ -171,7 +171,7 @@ class Broker:
             try:
                 while expired := await self.jobs.expire(self.clock()):
                     for job_id in expired:
-                        self.logs.path(job_id).unlink(missing_ok=True)
+                        self.logs.delete(job_id)
                     if len(expired) < 1000:
                         break
             except Exception:

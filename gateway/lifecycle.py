@@ -37,11 +37,23 @@ class LogArchive:
     def path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.log"
 
-    def append(self, job_id: str, data: bytes) -> None:
-        """Add the next bytes of the job's log, exactly as the job wrote them."""
-        if data:
-            with self.path(job_id).open("ab") as f:
-                f.write(data)
+    def append(self, job_id: str, data: bytes, attempt_id: str | None = None) -> None:
+        """Add the next bytes of the job's log, exactly as the job wrote them. A job's log is
+        its last attempt's: the first bytes of a later attempt replace what an earlier one
+        left (a retry's log starts again at offset 0, live as archived)."""
+        if not data:
+            return
+        marker = self.root / f"{job_id}.attempt"
+        fresh = attempt_id is not None and (not marker.exists() or marker.read_text() != attempt_id)
+        with self.path(job_id).open("wb" if fresh else "ab") as f:
+            f.write(data)
+        if fresh:
+            marker.write_text(str(attempt_id))
+
+    def delete(self, job_id: str) -> None:
+        """Forget the job's log (its result retention passed)."""
+        self.path(job_id).unlink(missing_ok=True)
+        (self.root / f"{job_id}.attempt").unlink(missing_ok=True)
 
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
@@ -151,7 +163,7 @@ class PodRecycler:
             chunk = await self.agents.logs(endpoint, attempt_id, offset)
             if not chunk or not chunk.data:
                 return
-            await asyncio.to_thread(self.logs.append, job_id, chunk.data)
+            await asyncio.to_thread(self.logs.append, job_id, chunk.data, attempt_id)
             offset = chunk.offset
 
     async def _reset_one(self, pod: str) -> bool:

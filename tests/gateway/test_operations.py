@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import httpx
 
 from functions.sdk import ApiError
 from gateway.auth import Role
+from pool_manager.backends.local import stop_pod
 from tests.conftest import EXAMPLES, BrokerServer
 
 BEHAVIOURS = Path(__file__).parent / "behaviours"
@@ -124,6 +127,54 @@ def test_following_a_log_of_undecodable_bytes_keeps_every_line_once(
     assert "tick" in seen and all("tick" in line for line in lines), repr(seen)
     assert [line[line.index("tick") :] for line in lines] == [f"tick {i}" for i in range(8)]
     assert all(line.startswith("\ufffd\ufffd tick") for line in lines)
+
+
+def test_the_log_is_there_as_soon_as_the_job_reads_as_ended(broker_server: BrokerServer) -> None:
+    """The job read as ended before its log was archived: a read then found nothing (14 of
+    15 tries of an adversarial run)."""
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="chatty-settle", sku="cpu", entrypoint="behaviours:chatty")
+    with broker_server.client("ops-settle") as fp:
+        for n in range(4):
+            job_id = fp.submit("chatty-settle", n)
+            while fp.job(job_id)["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                time.sleep(0.002)
+            assert f"hello from the job: {n}" in fp.logs(job_id).text, n
+
+
+def test_a_followed_log_starts_again_with_a_retried_attempt(broker_server: BrokerServer) -> None:
+    """Followed across a retry (its pod lost), the log went on at the lost attempt's offset
+    into the new attempt's log, skipping its first lines; the archive, the last attempt's
+    log, is what a follower saw after the marker line."""
+    with broker_server.client("ops-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="ticker-retry", sku="cpu",
+                  entrypoint="behaviours:ticker_tagged", max_retries=1)  # fmt: skip
+    with broker_server.client("ops-retry") as fp:
+        job_id = fp.submit("ticker-retry", 30)
+        while fp.job(job_id)["state"] != "RUNNING":
+            time.sleep(0.02)
+        got: list[bytes] = []
+
+        def follow() -> None:  # its own client: an httpx client is not shared across threads
+            with broker_server.client("ops-retry") as own:
+                got.extend(own.iter_logs(job_id, follow=True))
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        time.sleep(1.0)
+        pod = fp.job(job_id)["attempts"][-1]["pods"][0]
+        stop_pod(broker_server.home / "pods" / pod)
+        follower.join(timeout=120)
+        job = fp.job(job_id)
+        archived = fp.logs(job_id).content
+    assert job["state"] == "SUCCEEDED" and job["retries"] == 1, job
+    followed = b"".join(got)
+    first, marker, second = followed.partition(b"[firepool] attempt ")
+    assert first and marker, followed[:200]
+    second = second.split(b"\n", 1)[1]  # past the marker line
+    assert second == archived, "after the marker: the last attempt's log, whole"
+    lines = archived.decode().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == [f"tick {i}" for i in range(30)]
 
 
 def test_pools_report_pods_queue_and_budgets_to_admins(broker_server: BrokerServer) -> None:

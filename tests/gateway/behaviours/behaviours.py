@@ -123,3 +123,14 @@ def connect(request):
         except OSError as exc:
             return f"refused: {exc}"
     return "connected"
+
+
+def ticker_tagged(request):
+    """``ticker`` whose lines carry a tag of the attempt that printed them."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    for i in range(int(request)):
+        print(f"{tag} tick {i}", flush=True)
+        time.sleep(0.1)
+    return "ticked"
