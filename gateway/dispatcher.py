@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -78,6 +79,9 @@ class Dispatcher:
         self.tick_s = tick_s
         self.reconcile_s = reconcile_s
         self.live: dict[str, Job] = {}
+        self.finishing: dict[str, Job] = {}
+        """Jobs whose attempt ended and whose outcome is not yet in the store, as the store
+        has them: what a read or a cancel sees meanwhile (``finish``)."""
         self.counters: Counter[str] = Counter()
         """Prometheus counters: ``path_<path>`` per claim, ``jobs_<state>`` per terminal job."""
         self._queue: list[Job] = []
@@ -282,6 +286,10 @@ class Dispatcher:
         """Record the attempt's outcome durably, then acknowledge it at the agent, reset and
         release the pods, and only then answer waiters (so a caller's next step never finds
         its own pod still resetting)."""
+        # Until the outcome is durable, readers see the job as the store has it (RUNNING).
+        self.finishing[job.id] = dataclasses.replace(
+            job, attempts=[dataclasses.replace(a) for a in job.attempts]
+        )
         attempt = job.attempts[-1]
         attempt.exit_code = outcome.exit_code
         attempt.started = outcome.started or attempt.started
@@ -326,6 +334,7 @@ class Dispatcher:
         recorded = await self._record_outcome(job, revision, attempt)
         if recorded is None:
             return  # the broker is stopping: the agent keeps the result for recovery
+        del self.finishing[job.id]
         if recorded is Recorded.TOO_LARGE:
             retry = False
         # Only now may the agent forget the result: a crash before this point finds the
@@ -379,9 +388,12 @@ class Dispatcher:
                 delay = min(2 * delay, _RECORD_RETRY_MAX_S)
 
     async def cancel(self, job: Job) -> Job:
-        """Cancel a queued or running job; terminal jobs are returned unchanged."""
+        """Cancel a queued or running job; terminal jobs are returned unchanged, and so is a
+        job whose attempt already ended (its outcome being recorded: too late to cancel)."""
         if job.state in TERMINAL_JOB_STATES:
             return job
+        if job.id in self.finishing:
+            return self.finishing[job.id]
         live = self.live.get(job.id, job)
         self._cancel_requested.add(job.id)
         if any(queued is live for queued in self._queue):

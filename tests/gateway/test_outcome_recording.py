@@ -12,6 +12,7 @@ patched to raise a few times, as a dropped connection does).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,33 @@ def test_an_outcome_is_retried_until_the_store_takes_it(
     assert job["state"] == stored["state"] == "SUCCEEDED", (job, stored)
     assert stored["output"] == "flaky"
     assert after["state"] == "SUCCEEDED" and after["acquisition"]["path"] == "warm"
+
+
+def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the outcome was being retried, GET answered SUCCEEDED (and a cancel too) for a
+    job the store still had RUNNING (adversarial run: 6 s of it on MySQL)."""
+    real_update = JobStore.update
+    store_up, refused = threading.Event(), threading.Event()
+
+    async def down_until_set(self: JobStore, job: Job, revision: int) -> Any:
+        if job.input == "held" and job.state in TERMINAL_JOB_STATES and not store_up.is_set():
+            refused.set()
+            raise ConnectionError("the store is down")
+        return await real_update(self, job, revision)
+
+    monkeypatch.setattr(JobStore, "update", down_until_set)
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            job_id = fp.submit("noop", "held")
+            assert refused.wait(30), "the attempt never ended"
+            seen = [fp.job(job_id)["state"] for _ in range(5)]
+            cancelled = fp.cancel(job_id)["state"]
+            store_up.set()
+            done = fp.wait(job_id, timeout_s=30)
+    assert seen == ["RUNNING"] * 5, seen
+    assert cancelled == "RUNNING", "too late to cancel; and not terminal until recorded"
+    assert done["state"] == "SUCCEEDED" and done["output"] == "held"
