@@ -19,6 +19,7 @@ import jwt
 from cachetools import TTLCache
 
 from functions.errors import Forbidden, Unauthorized
+from gateway.settings import private_home
 
 ALGORITHMS = ["HS256"]
 
@@ -48,18 +49,25 @@ class Principal:
 
 
 def load_or_create_key(path: Path) -> bytes:
-    """Read the signing key, creating it (0600) on first use."""
+    """Read the signing key, creating it (0600, in a private state directory) on first use.
+    Processes creating it at once agree on one key: each writes its own temporary file and
+    links it into place, the first link wins and the others read the winner's key."""
     if path.exists():
         return bytes.fromhex(path.read_text().strip())
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_home(path.parent)
     key = secrets.token_bytes(32)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
-    with os.fdopen(fd, "w") as f:
-        f.write(key.hex())
-    tmp.replace(path)
-    return key
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process linked its key first: use that one
+            return bytes.fromhex(path.read_text().strip())
+        return key
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class Authenticator:

@@ -91,8 +91,11 @@ def private_home(home: Path) -> None:
     every package and log, and pod records. An existing one that others may enter is left as
     the operator made it, with a warning (any local user could read the job store's inputs
     and outputs and other callers' packages there)."""
-    if not home.exists():
+    try:
         home.mkdir(mode=0o700, parents=True)
+    except FileExistsError:  # made before (or by another process just now): check it below
+        pass
+    else:
         home.chmod(0o700)  # whatever the umask
         return
     mode = home.stat().st_mode
