@@ -77,13 +77,14 @@ class Outcome:
         if not isinstance(error, dict) or "class" not in error:
             error = {"class": str(ErrorClass.INVALID_REQUEST), "message": str(body)}
         message = f"pod {pod} refused the attempt: {error.get('message', '')}"
-        return cls(state="failed", error={**error, "message": message}, finished=time.time())
+        kept = bounded_error({**error, "message": message})
+        return cls(state="failed", error=kept, finished=time.time())
 
     @classmethod
     def pod_lost(cls, pods: list[str], message: str) -> Outcome:
         return cls(
             state="failed",
-            error={"class": str(ErrorClass.POD_LOST), "message": message},
+            error=bounded_error({"class": str(ErrorClass.POD_LOST), "message": message}),
             finished=time.time(),
             lost_pods=pods,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ class LogArchive:
         """Add the next bytes of the job's log, exactly as the job wrote them. A job's log is
         its last attempt's: the first bytes of a later attempt replace what an earlier one
         left (a retry's log starts again at offset 0, live as archived)."""
-        if not data:
-            return
         marker = self.root / f"{job_id}.attempt"
         fresh = attempt_id is not None and (not marker.exists() or marker.read_text() != attempt_id)
-        with self.path(job_id).open("wb" if fresh else "ab") as f:
+        if not data and not fresh:
+            return
+        with self.path(job_id).open("wb" if fresh else "ab") as f:  # fresh: even when empty
             f.write(data)
         if fresh:
             marker.write_text(str(attempt_id))
@@ -125,7 +126,12 @@ class PodRecycler:
             self._archive(job_id, [p for p in pods if p not in lost], attempt_id, retired)
         )
         self._archiving[job_id] = task
-        task.add_done_callback(lambda _: self._archiving.pop(job_id, None))
+        task.add_done_callback(partial(self._archived, job_id))
+
+    def _archived(self, job_id: str, task: asyncio.Task[None]) -> None:
+        """Forget a finished archiving task, unless a later attempt's has replaced it."""
+        if self._archiving.get(job_id) is task:
+            del self._archiving[job_id]
 
     async def logs_settled(self, job_id: str) -> None:
         """Wait until the job's logs are archived (a log read right after the job ended)."""
@@ -161,9 +167,12 @@ class PodRecycler:
         # 64 MiB unless a pod was started otherwise) and answers at most 1 MiB per call.
         for _ in range(1000):
             chunk = await self.agents.logs(endpoint, attempt_id, offset)
-            if not chunk or not chunk.data:
+            if chunk is None or (not chunk.data and offset > 0):
                 return
+            # The first read is kept even when empty: a silent last attempt empties the log.
             await asyncio.to_thread(self.logs.append, job_id, chunk.data, attempt_id)
+            if not chunk.data:
+                return
             offset = chunk.offset
 
     async def _reset_one(self, pod: str) -> bool:

@@ -108,7 +108,11 @@ async def _await(awaitable: Any) -> Any:
 def _failure(exc: BaseException, prefix: str = "") -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).splitlines()
     tail = "\n".join(lines[-TRACEBACK_LINES:])[-TRACEBACK_CHARS:]
-    message = prefix + str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises still fails as FunctionError
+        text = f"<{type(exc).__name__} whose message could not be printed>"
+    message = prefix + text
     if len(message) > MESSAGE_CHARS:
         cut = len(message) - MESSAGE_CHARS
         message = f"{message[:MESSAGE_CHARS]} ... [{cut} more characters in the log]"

@@ -176,6 +176,13 @@ def boom(x):
 def unserializable(x):
     return {"set": {1, 2}}
 
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+def bad_str(x):
+    raise Unprintable()
+
 def exit_code(x):
     os._exit(x)
 

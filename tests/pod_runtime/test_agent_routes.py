@@ -88,6 +88,10 @@ def test_user_failures_have_their_error_classes(
     long = agent.run(spec("fail-5:1", package, "jobs:boom", "x" * 3_000_000))["error"]
     assert long["message"].startswith("ValueError: bad input xxx") and len(long["message"]) < 8100
     assert long["message"].endswith(" more characters in the log]")
+    # An exception whose message cannot be printed still fails as FunctionError.
+    unprintable = agent.run(spec("fail-6:1", package, "jobs:bad_str"))["error"]
+    assert unprintable["class"] == "FunctionError", unprintable
+    assert "Unprintable whose message could not be printed" in unprintable["message"]
     bad = agent.run(spec("fail-2:1", package, "jobs:unserializable"))
     assert bad["error"]["class"] == "FunctionError" and "JSON" in bad["error"]["message"]
     code = agent.run(spec("fail-3:1", package, "jobs:exit_code", 3))
