@@ -28,6 +28,8 @@ log = logging.getLogger("firepool.pods")
 READY_PROBE_MIN_S = 0.005
 READY_PROBE_MAX_S = 0.2
 READY_PROBE_FRACTION = 0.1
+EXITED_CHECK_S = 0.5
+"""How often a pod that is not ready yet is checked for having stopped (``PodBackend.exited``)."""
 
 
 def ready_probe_delay(elapsed_s: float) -> float:
@@ -102,15 +104,23 @@ class PodManager:
 
     async def wait_ready(self, name: str, endpoint: str) -> bool:
         """Probe the agent until it answers (``ready_probe_delay`` apart), the pod is being
-        deleted, or ``ready_timeout_s`` has passed."""
+        deleted, its backend reports it stopped (checked every ``EXITED_CHECK_S``: a pod
+        killed while it started was waited for until the timeout), or ``ready_timeout_s``
+        has passed."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         deadline = start + self.ready_timeout_s
+        next_check = start + EXITED_CHECK_S
         while loop.time() < deadline:
             if name in self._deleting:
                 return False
             if await self.agents.health(endpoint, timeout=1.0) is not None:
                 return True
+            if loop.time() >= next_check:
+                if await self.backend.exited(name):
+                    log.warning("pod %s stopped before it became ready", name)
+                    return False
+                next_check = loop.time() + EXITED_CHECK_S
             await asyncio.sleep(ready_probe_delay(loop.time() - start))
         return False
 

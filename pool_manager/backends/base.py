@@ -58,6 +58,12 @@ class PodBackend(Protocol):
         A.4). Cards that could not be read are left out (the caller changes nothing)."""
         ...
 
+    async def exited(self, name: str) -> bool:
+        """True when the pod is known to have stopped (its processes gone, say killed while
+        it started); False when it runs or cannot be told. Cheap: probed while waiting for
+        readiness, so a dead pod is not waited for until the ready timeout."""
+        ...
+
     async def close(self) -> None:
         """Release backend resources; pods keep running."""
         ...

@@ -285,6 +285,12 @@ class LocalBackend:
     async def list(self) -> list[BackendPod]:
         return await asyncio.to_thread(self._list)
 
+    async def exited(self, name: str) -> bool:
+        """The pod's launcher is gone (or a zombie), or its record is (deleted)."""
+        meta = self._read_meta(name)
+        pid = meta.get("pid") if meta is not None else None
+        return not (isinstance(pid, int) and pid_alive(pid))
+
     def _annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
         meta = self._read_meta(name)
         if meta is None:
