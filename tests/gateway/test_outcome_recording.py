@@ -13,6 +13,7 @@ patched to raise a few times, as a dropped connection does).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,27 +52,44 @@ def test_an_outcome_the_store_cannot_hold_fails_the_job_too_large(tmp_path: Path
     assert (refused.value.status, refused.value.error_class) == (413, "TooLarge")
 
 
-def test_an_outcome_is_retried_until_the_store_takes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _store_refuses_outcomes(
+    monkeypatch: pytest.MonkeyPatch, input_value: str, down: Callable[[], bool]
 ) -> None:
+    """``JobStore.update`` fails, as a dropped connection does, for the final write of the job
+    whose input is ``input_value`` while ``down()`` says so."""
     real_update = JobStore.update
-    refused: list[str] = []
 
-    async def flaky(self: JobStore, job: Job, revision: int) -> Any:
-        if job.input == "flaky" and job.state in TERMINAL_JOB_STATES and len(refused) < 3:
-            refused.append(str(job.state))
+    async def update(self: JobStore, job: Job, revision: int) -> Any:
+        if job.input == input_value and job.state in TERMINAL_JOB_STATES and down():
             raise ConnectionError("the store is down")
         return await real_update(self, job, revision)
 
-    monkeypatch.setattr(JobStore, "update", flaky)
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
-            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
-            job = fp.invoke("noop", "flaky", lease_tag="t")
-            stored = fp.job(job["id"])
-            after = fp.invoke("noop", "fine", lease_tag="t")
-    assert refused == ["SUCCEEDED"] * 3, "the outcome was tried again until it was recorded"
+    monkeypatch.setattr(JobStore, "update", update)
+
+
+def _caller(broker: Any, url: str) -> Client:
+    """A caller's client, the ``noop`` example deployed."""
+    with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+        fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+    return Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60)
+
+
+def test_an_outcome_is_retried_until_the_store_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refusals = 0
+
+    def down() -> bool:
+        nonlocal refusals
+        refusals += 1
+        return refusals <= 3
+
+    _store_refuses_outcomes(monkeypatch, "flaky", down)
+    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+        job = fp.invoke("noop", "flaky", lease_tag="t")
+        stored = fp.job(job["id"])
+        after = fp.invoke("noop", "fine", lease_tag="t")
+    assert refusals == 4, "refused three times, then recorded"
     assert job["state"] == stored["state"] == "SUCCEEDED", (job, stored)
     assert stored["output"] == "flaky"
     assert after["state"] == "SUCCEEDED" and after["acquisition"]["path"] == "warm"
@@ -82,26 +100,20 @@ def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
 ) -> None:
     """While the outcome was being retried, GET answered SUCCEEDED (and a cancel too) for a
     job the store still had RUNNING (adversarial run: 6 s of it on MySQL)."""
-    real_update = JobStore.update
     store_up, refused = threading.Event(), threading.Event()
 
-    async def down_until_set(self: JobStore, job: Job, revision: int) -> Any:
-        if job.input == "held" and job.state in TERMINAL_JOB_STATES and not store_up.is_set():
-            refused.set()
-            raise ConnectionError("the store is down")
-        return await real_update(self, job, revision)
+    def down() -> bool:
+        refused.set()
+        return not store_up.is_set()
 
-    monkeypatch.setattr(JobStore, "update", down_until_set)
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
-            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
-            job_id = fp.submit("noop", "held")
-            assert refused.wait(30), "the attempt never ended"
-            seen = [fp.job(job_id)["state"] for _ in range(5)]
-            cancelled = fp.cancel(job_id)["state"]
-            store_up.set()
-            done = fp.wait(job_id, timeout_s=30)
+    _store_refuses_outcomes(monkeypatch, "held", down)
+    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+        job_id = fp.submit("noop", "held")
+        assert refused.wait(30), "the attempt never ended"
+        seen = [fp.job(job_id)["state"] for _ in range(5)]
+        cancelled = fp.cancel(job_id)["state"]
+        store_up.set()
+        done = fp.wait(job_id, timeout_s=30)
     assert seen == ["RUNNING"] * 5, seen
     assert cancelled == "RUNNING", "too late to cancel; and not terminal until recorded"
     assert done["state"] == "SUCCEEDED" and done["output"] == "held"
