@@ -38,23 +38,17 @@ class LogArchive:
     def path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.log"
 
-    def append(self, job_id: str, data: bytes, attempt_id: str | None = None) -> None:
-        """Add the next bytes of the job's log, exactly as the job wrote them. A job's log is
-        its last attempt's: the first bytes of a later attempt replace what an earlier one
-        left (a retry's log starts again at offset 0, live as archived)."""
-        marker = self.root / f"{job_id}.attempt"
-        fresh = attempt_id is not None and (not marker.exists() or marker.read_text() != attempt_id)
-        if not data and not fresh:
-            return
-        with self.path(job_id).open("wb" if fresh else "ab") as f:  # fresh: even when empty
-            f.write(data)
-        if fresh:
-            marker.write_text(str(attempt_id))
+    def write(self, job_id: str, data: bytes, offset: int) -> None:
+        """Keep bytes ``offset``.. of an attempt's log, exactly as the job wrote them. A job's
+        log is its last attempt's: an attempt's first bytes (``offset`` 0, even none) replace
+        what an earlier attempt left, as a retry's live log starts again at offset 0."""
+        if data or offset == 0:
+            with self.path(job_id).open("ab" if offset else "wb") as f:
+                f.write(data)
 
     def delete(self, job_id: str) -> None:
         """Forget the job's log (its result retention passed)."""
         self.path(job_id).unlink(missing_ok=True)
-        (self.root / f"{job_id}.attempt").unlink(missing_ok=True)
 
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
@@ -167,10 +161,10 @@ class PodRecycler:
         # 64 MiB unless a pod was started otherwise) and answers at most 1 MiB per call.
         for _ in range(1000):
             chunk = await self.agents.logs(endpoint, attempt_id, offset)
-            if chunk is None or (not chunk.data and offset > 0):
+            if chunk is None:
                 return
-            # The first read is kept even when empty: a silent last attempt empties the log.
-            await asyncio.to_thread(self.logs.append, job_id, chunk.data, attempt_id)
+            if chunk.data or offset == 0:  # the first read even when empty: see ``write``
+                await asyncio.to_thread(self.logs.write, job_id, chunk.data, offset)
             if not chunk.data:
                 return
             offset = chunk.offset

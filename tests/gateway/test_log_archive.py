@@ -13,13 +13,13 @@ from gateway.lifecycle import LogArchive, PodRecycler
 
 def test_a_later_attempt_replaces_the_log_even_when_it_printed_nothing(tmp_path: Path) -> None:
     logs = LogArchive(tmp_path)
-    logs.append("j", b"first ", "j:0")
-    logs.append("j", b"attempt", "j:0")
+    logs.write("j", b"first ", 0)
+    logs.write("j", b"attempt", 6)
     assert logs.read("j") == b"first attempt"
-    logs.append("j", b"", "j:1")  # a retry whose log is empty
+    logs.write("j", b"", 0)  # a retry whose log is empty
     assert logs.read("j") == b""
-    logs.append("j", b"", "j:1")  # nothing more of it
-    logs.append("j", b"second", "j:2")
+    logs.write("j", b"second", 0)
+    logs.write("j", b"", 6)  # the end of it
     assert logs.read("j") == b"second"
     logs.delete("j")
     assert logs.read("j") == b"" and list(tmp_path.iterdir()) == []
