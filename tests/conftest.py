@@ -23,6 +23,8 @@ from gateway.harness import BrokerServer, kill_pods, start_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
+BEHAVIOURS = ROOT / "tests" / "gateway" / "behaviours"
+"""Functions whose behaviour the broker tests observe (deployed as one package)."""
 
 __all__ = [
     "BrokerServer",
@@ -108,6 +110,15 @@ def cancel_with_agent_stopped(fp: Client, job_id: str, pod: str) -> tuple[dict[s
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(agent, signal.SIGCONT)
+
+
+def wait_running(fp: Client, job_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The job's record once it is RUNNING; fails the test if it is not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (job := fp.job(job_id))["state"] != "RUNNING":
+        assert time.monotonic() < deadline, job
+        time.sleep(0.02)
+    return job
 
 
 def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:

@@ -10,9 +10,8 @@ import pytest
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from tests.conftest import EXAMPLES, scratch_database
+from tests.conftest import BEHAVIOURS, EXAMPLES, scratch_database, wait_running
 
-BEHAVIOURS = Path(__file__).parent / "behaviours"
 CATALOG = "pools:\n  cpu: {min_count: 1, max_count: 4}\n"
 
 
@@ -41,8 +40,7 @@ def test_invoke_reuse_and_crash_recovery_on_every_store(
             assert second["acquisition"]["path"] == "warm"
             assert second["output"] == {"a": 2}
             running = fp.submit("sleep", 1.5)
-            while fp.job(running)["state"] != "RUNNING":
-                time.sleep(0.05)
+            wait_running(fp, running)
             time.sleep(0.3)  # launched at the agent (a kill before launch re-queues instead)
         port = int(server.url.rsplit(":", 1)[1])
         server.kill()

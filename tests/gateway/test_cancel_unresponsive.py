@@ -5,12 +5,9 @@ grace). The attempt is abandoned as cancelled and its pod deleted, never reused.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from gateway.auth import Role
-from tests.conftest import BrokerServer, cancel_with_agent_stopped
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, BrokerServer, cancel_with_agent_stopped, wait_running
 
 
 def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
@@ -20,10 +17,7 @@ def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
         fp.deploy(BEHAVIOURS, name="sleeper", sku="cpu", entrypoint="behaviours:sleep")
     with broker_server.client("stopper") as fp:
         job_id = fp.submit("sleeper", 120, lease_tag="s", timeout_s=300)
-        deadline = time.monotonic() + 60
-        while (job := fp.job(job_id))["state"] != "RUNNING":
-            assert time.monotonic() < deadline, job
-            time.sleep(0.05)
+        job = wait_running(fp, job_id)
         time.sleep(1.0)  # handed to the agent: the function is sleeping its 120 s
         pod = job["attempts"][-1]["pods"][0]
         job, took = cancel_with_agent_stopped(fp, job_id, pod)

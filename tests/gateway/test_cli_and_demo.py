@@ -14,9 +14,7 @@ import pytest
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.cli import main
 from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
-from tests.conftest import EXAMPLES
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, EXAMPLES
 
 
 def _firepool(

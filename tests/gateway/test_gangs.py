@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gateway.auth import Role
-from tests.conftest import BrokerServer
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, BrokerServer
 
 
 def test_a_gang_runs_on_distinct_pods_with_rank_env_the_user_cannot_override(

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from tests.conftest import BEHAVIOURS
 
-BEHAVIOURS = Path(__file__).parent / "behaviours"
 CATALOG = (
     "gpus: {h200: [GPU-fake-0, GPU-fake-1]}\n"
     "budgets: {h200: 2, cpu: 4}\n"

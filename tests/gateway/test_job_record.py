@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from gateway.auth import Role
-from tests.conftest import BrokerServer
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, BrokerServer, wait_running
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +89,7 @@ def test_a_job_whose_dependencies_fail_has_no_exit_code(
 def test_a_running_job_can_be_cancelled(behaviours: BrokerServer) -> None:
     with behaviours.client("rec-ivy") as fp:
         job_id = fp.submit("sleep", 30)
-        deadline = time.monotonic() + 30
-        while fp.job(job_id)["state"] != "RUNNING" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_running(fp, job_id, timeout_s=30)
         fp.cancel(job_id)
         final = fp.wait(job_id, timeout_s=30)
     assert final["state"] == "CANCELLED"

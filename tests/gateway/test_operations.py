@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
 from functions.sdk import ApiError
 from gateway.auth import Role
 from pool_manager.backends.local import stop_pod
-from tests.conftest import EXAMPLES, BrokerServer
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, EXAMPLES, BrokerServer, wait_running
 
 
 def test_functions_are_versioned_listed_described_and_deleted(
@@ -151,8 +148,7 @@ def test_a_followed_log_starts_again_with_a_retried_attempt(broker_server: Broke
                   entrypoint="behaviours:ticker_tagged", max_retries=1)  # fmt: skip
     with broker_server.client("ops-retry") as fp:
         job_id = fp.submit("ticker-retry", 30)
-        while fp.job(job_id)["state"] != "RUNNING":
-            time.sleep(0.02)
+        wait_running(fp, job_id)
         got: list[bytes] = []
 
         def follow() -> None:  # its own client: an httpx client is not shared across threads

@@ -24,10 +24,8 @@ from gateway.auth import Role
 from gateway.jobs import Job
 from gateway.store import JobStore
 from pool_manager.states import TERMINAL_JOB_STATES
-from tests.conftest import EXAMPLES
+from tests.conftest import BEHAVIOURS, EXAMPLES
 from tests.gateway.test_broker_faults import in_process_broker
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
 
 
 def test_an_outcome_the_store_cannot_hold_fails_the_job_too_large(tmp_path: Path) -> None:

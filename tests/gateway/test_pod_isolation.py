@@ -25,8 +25,7 @@ from gateway.auth import Role, load_or_create_key
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from gateway.settings import private_home
 from pod_runtime.launch import sandbox_status
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS
 
 
 @pytest.fixture(scope="module")

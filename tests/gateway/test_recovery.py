@@ -11,9 +11,8 @@ import pytest
 
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from tests.conftest import cancel_with_agent_stopped
+from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
 
-BEHAVIOURS = Path(__file__).parent / "behaviours"
 CATALOG = (
     "budgets: {cpu: 8}\n"
     "pools:\n"
@@ -52,10 +51,7 @@ def test_a_reattached_job_whose_agent_falls_silent_can_still_be_cancelled(
     agent does not answer abandons it there too, instead of waiting out its timeout."""
     with crashy[0].client("reattach-cancel") as fp:
         job_id = fp.submit("sleep", 120, timeout_s=300)
-        deadline = time.monotonic() + 60
-        while (job := fp.job(job_id))["state"] != "RUNNING":
-            assert time.monotonic() < deadline, job
-            time.sleep(0.05)
+        job = wait_running(fp, job_id)
     time.sleep(1.0)  # handed to the agent: the function sleeps
     server = _restart(crashy)
     with server.client("reattach-cancel") as fp:
@@ -88,9 +84,7 @@ def test_a_job_running_through_a_crash_is_reattached_and_runs_once(
     server = crashy[0]
     with server.client("reattach") as fp:
         job_id = fp.submit("sleep", 2.0)
-        deadline = time.monotonic() + 30
-        while fp.job(job_id)["state"] != "RUNNING" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_running(fp, job_id, timeout_s=30)
     time.sleep(0.3)
     server = _restart(crashy)
     with server.client("reattach") as fp:

@@ -3,7 +3,6 @@ a caller sends can strand a job on a leased pod (found by fuzzing the API with s
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +15,7 @@ from gateway.auth import Role
 from gateway.executor import Outcome
 from gateway.retry_policy import decide
 from pod_runtime import job_main
-from tests.conftest import BrokerServer
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, BrokerServer
 
 
 def _nest(depth: int) -> Any:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from gateway.auth import Role
-from tests.conftest import BrokerServer, running_broker
-
-BEHAVIOURS = Path(__file__).parent / "behaviours"
+from tests.conftest import BEHAVIOURS, BrokerServer, running_broker
 
 
 def _pod(job: dict) -> str:
