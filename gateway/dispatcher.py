@@ -252,14 +252,20 @@ class Dispatcher:
         await self.finish(job, lease.pods, outcome)
 
     async def _fail_before_start(self, job: Job, revision: int, exc: Exception) -> None:
+        """Fail a job whose function is gone, ``NotFound``, recorded before anyone is
+        answered: the store is retried as for an outcome (``_record_outcome``), and readers
+        see the job as the store has it (queued) meanwhile. If the broker stops first the job
+        stays queued in the store, and the restarted broker fails it again."""
+        self.finishing[job.id] = dataclasses.replace(job, attempts=list(job.attempts))
         job.state = JobState.FAILED
         job.error = {"class": str(ErrorClass.NOT_FOUND), "message": str(exc)}
         job.finished = self.clock()
         try:
-            await self.store.update(job, revision)
-        except Exception:
-            log.exception("could not record the failure of job %s", job.id)
-        self._resolve(job)
+            recorded = await self._record_outcome(job, revision, None)
+        finally:
+            del self.finishing[job.id]
+        if recorded is not None:
+            self._resolve(job)
 
     async def _reload(self, job: Job) -> None:
         """Queue the job again as the store has it (after a failed RUNNING commit).
@@ -348,7 +354,9 @@ class Dispatcher:
             self._cancel_requested.discard(job.id)
             self._resolve(job)
 
-    async def _record_outcome(self, job: Job, revision: int, attempt: Attempt) -> Recorded | None:
+    async def _record_outcome(
+        self, job: Job, revision: int, attempt: Attempt | None
+    ) -> Recorded | None:
         """Commit the attempt's outcome before anything acts on it (the reset that makes the
         agent forget the result, the caller's answer): ``OUTCOME``, or ``TOO_LARGE`` when
         the store could not hold the record (an output near the body cap on MySQL's default
@@ -371,7 +379,9 @@ class Dispatcher:
                     return status
                 log.warning("job %s: %s", job.id, exc.message)
                 job.state, job.output = JobState.FAILED, None
-                job.error = attempt.error = exc.to_json()
+                job.error = exc.to_json()
+                if attempt is not None:
+                    attempt.error = job.error
                 job.finished = job.finished or self.clock()
                 status = Recorded.TOO_LARGE
             except (FirepoolError, IllegalTransition):

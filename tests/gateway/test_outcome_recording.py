@@ -115,3 +115,42 @@ def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
     assert seen == ["RUNNING"] * 5, seen
     assert cancelled == "RUNNING", "too late to cancel; and not terminal until recorded"
     assert done["state"] == "SUCCEEDED" and done["output"] == "held"
+
+
+def test_a_job_whose_function_is_gone_fails_only_once_the_store_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queued job whose function version is gone by the time it starts fails NotFound.
+    That failure was logged and passed over when the store refused it: the caller was
+    answered FAILED while the store kept the job QUEUED, and nothing would ever run it."""
+    refusals = 0
+
+    def down() -> bool:
+        nonlocal refusals
+        refusals += 1
+        return refusals <= 3
+
+    _store_refuses_outcomes(monkeypatch, "orphan", down)
+    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+        dispatcher = broker.dispatcher
+        real_functions = dispatcher.functions
+
+        async def gone_for_orphans(name: str, version: int) -> Any:
+            return None if name == "noop" else await real_functions(name, version)
+
+        # As after a restart that finds the queued job's function deleted: no cached spec.
+        monkeypatch.setattr(dispatcher, "functions", gone_for_orphans)
+        monkeypatch.setattr(dispatcher, "specs", _Forgetful())
+        job = fp.invoke("noop", "orphan", lease_tag="t")
+        stored = fp.job(job["id"])
+    assert refusals == 4, "refused three times, then recorded"
+    assert job["state"] == stored["state"] == "FAILED", (job, stored)
+    assert job["error"]["class"] == stored["error"]["class"] == "NotFound"
+    assert "is gone" in stored["error"]["message"]
+
+
+class _Forgetful(dict[tuple[str, int], Any]):
+    """A spec cache that never holds a spec."""
+
+    def __setitem__(self, key: tuple[str, int], value: Any) -> None:
+        pass
