@@ -98,9 +98,11 @@ def test_logs_follow_prints_each_chunk_as_it_comes_byte_for_byte(
         job_id = fp.submit("cli-ticker", 8)
         token = broker_server.token("cli-logs", Role.INVOKE)
         env = dict(os.environ, FIREPOOL_URL=broker_server.url, FIREPOOL_TOKEN=token)
+        # Unbuffered: ``communicate`` with a timeout reads the pipe's fd itself, so whatever a
+        # buffered ``readline`` had read past the first line would be lost to the test.
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "logs", job_id, "--follow"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE,
+            env=env, cwd=REPO, stdout=subprocess.PIPE, bufsize=0,
         )  # fmt: skip
         try:
             assert proc.stdout is not None
