@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ import orjson
 from aiohttp import web
 
 from functions.errors import Conflict, ErrorClass, FirepoolError, InvalidRequest, NotFound
-from pod_runtime import spawner
+from pod_runtime import jobuser, spawner, sysvipc
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
@@ -38,6 +39,9 @@ from pod_runtime.settings import AgentSettings, parse_args
 from pod_runtime.zygote import set_child_subreaper
 
 LOG_CHUNK = 1 << 20
+IPC_REMOVAL_TIMEOUT_S = 10.0
+"""A removal of SysV objects as the jobs' uid takes an interpreter's start; one this slow is
+killed and the reset reports the objects left."""
 MAX_WAIT_S = 600.0
 HTTP_STATUS = {
     ErrorClass.UNKNOWN_FIELD: 400,
@@ -86,6 +90,7 @@ class Agent:
             deadline_s=settings.reset_deadline_s,
             gpu_check=self._gpu_check if settings.gpu_uuids else None,
             fault_unclean_resets=settings.fault_unclean_resets,
+            remove_job_ipc=self._remove_job_ipc if settings.job_uid is not None else None,
         )
         self.reaper: spawner.Reaper | None = None
         self.zygote: spawner.ZygoteClient | None = None
@@ -118,6 +123,7 @@ class Agent:
             python=self.settings.python,
             blobs=self.blobs,
             reaper=self.reaper,
+            job_uid=self.settings.job_uid,
         )
         if self.settings.zygote:
             self.zygote = spawner.ZygoteClient(
@@ -161,6 +167,20 @@ class Agent:
             raise NotFound(f"unknown attempt {request.match_info['id']}")
         return attempt
 
+    async def _remove_job_ipc(self) -> None:
+        """Remove, as the jobs' uid, the SysV IPC objects they left (the agent may not)."""
+        if self.reaper is None or not any(sysvipc.listing().values()):
+            return
+        argv = [self.settings.python, "-P", "-m", "pod_runtime.sysvipc"]
+        argv += ["--as-uid", str(self.settings.job_uid)]
+        log = self.layout.root / "agent.log"
+        pid = spawner.spawn_process(argv, dict(os.environ), log=log, reaper=self.reaper)
+        try:
+            await asyncio.wait_for(self.reaper.wait(pid), IPC_REMOVAL_TIMEOUT_S)
+        except TimeoutError:  # the wipe then reports what is left: the pod is deleted
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     async def healthz(self, request: web.Request) -> web.Response:
         return respond(
             {
@@ -169,6 +189,7 @@ class Agent:
                 "busy": self.current is not None,
                 "attempts": list(self.attempts),
                 "sandboxed": self.settings.sandboxed,
+                "job_uid": self.settings.job_uid,
                 "network": self.settings.network,
                 "zygote": self.zygote is not None and self.zygote.pid is not None,
                 "cgroups": self.cgroups_note,
@@ -341,7 +362,7 @@ async def serve(settings: AgentSettings) -> None:
     await site.start()
     print(
         f"agent: pod {settings.pod_name} listening on {settings.listen} "
-        f"(zygote={settings.zygote}, sandboxed={settings.sandboxed}, "
+        f"(zygote={settings.zygote}, sandboxed={settings.sandboxed}, job_uid={settings.job_uid}, "
         f"network={settings.network}, role={settings.role})",
         file=sys.stderr,
         flush=True,
@@ -356,7 +377,19 @@ async def serve(settings: AgentSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+    settings = parse_args(argv)
+    if settings.job_uid is not None:
+        paths = [settings.python, *sys.path]
+        blocked = jobuser.usable_by(settings.job_uid, settings.pod_dir, paths)
+        if blocked is not None:
+            print(
+                f"agent: WARNING jobs run as the agent's uid, not {settings.job_uid}: as "
+                f"that uid a job cannot reach {blocked}",
+                file=sys.stderr,
+                flush=True,
+            )
+            settings = dataclasses.replace(settings, job_uid=None)
+    asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import signal
 from pathlib import Path
 
 from functions.errors import ErrorClass, FirepoolError
-from pod_runtime import spawner
+from pod_runtime import jobuser, spawner
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import BlobRef
 
@@ -56,14 +56,25 @@ class Dependencies:
         blobs: BlobCache,
         reaper: spawner.Reaper | None,
         use_uv: bool = True,
+        job_uid: int | None = None,
     ) -> None:
         self.site = site
+        self.job_uid = job_uid
+        """Install as this uid (``pod_runtime.jobuser``); the result is made root's after."""
         self.cache_dir = cache_dir
         self.python = python
         self.blobs = blobs
         self.reaper = reaper
         self.uv = find_uv(python) if use_uv else None
         self.site.mkdir(parents=True, exist_ok=True)
+
+    def _installer_paths(self) -> list[Path]:
+        """What an install writes: the target and the installers' caches (not the rest of
+        ``cache_dir``: the verified packages there stay root's)."""
+        paths = [self.site, self.cache_dir / "uv", self.cache_dir / "pip"]
+        for path in paths:
+            path.mkdir(parents=True, exist_ok=True)
+        return paths
 
     def marker(self, digest: str) -> Path:
         return self.site / f"{MARKER_PREFIX}{digest}"
@@ -124,15 +135,22 @@ class Dependencies:
         )
         if self.reaper is None:
             raise DependencyInstallFailed("no process reaper")
-        pid = spawner.spawn_process(
-            self._argv(requirements), env, log=install_log, reaper=self.reaper
-        )
+        argv = jobuser.as_job_user(self._argv(requirements), self.job_uid, self.python)
+        if self.job_uid is not None:  # the install is the user's code too: never root's
+            env["HOME"] = str(self.cache_dir / "pip")
+            for path in self._installer_paths():
+                await asyncio.to_thread(jobuser.hand_over_tree, path, self.job_uid)
+        pid = spawner.spawn_process(argv, env, log=install_log, reaper=self.reaper)
         try:
             code = await self.reaper.wait(pid)
         except asyncio.CancelledError:  # cancelled attempt: stop the installer's session too
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             raise
+        finally:
+            if self.job_uid is not None:  # kept for later jobs, which must not rewrite it
+                for path in self._installer_paths():
+                    await asyncio.to_thread(jobuser.take_back, path)
         output = install_log.read_bytes() if install_log.exists() else b""
         with log.open("ab") as out:
             out.write(b"[firepool] installing requirements " + ref.digest.encode() + b"\n")

@@ -4,6 +4,8 @@ Runs either in a child forked from the zygote (``run_forked``) or as a fresh int
 (``python -P -m pod_runtime.job_main CONFIG``). Both end in ``_run``, which never returns:
 
 1. become a session leader, join the job's cgroup (if any) so every descendant is tracked,
+   then (in a sandbox started as root) become the job's unprivileged uid for good, and
+   refuse the kernel keyring calls (``deny_keyrings``: keyrings are per uid, not per pod),
 2. stdio to the attempt log (the agent caps it when the job exits), the job environment,
    the package directory as cwd and on ``sys.path`` (after the dependency dir), stdout
    line-buffered so logs stream,
@@ -21,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import importlib
 import inspect
 import os
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -75,6 +80,12 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
         os.dup2(log_fd, 2)
         os.closerange(3, 1 << 16)
         sys.argv = [cfg.get("entrypoint") or cfg["command"][0]]
+    if cfg.get("job_uid") is not None:  # last of what needs root: joined, stdio open
+        drop_to(int(cfg["job_uid"]))
+    try:
+        deny_keyrings()
+    except OSError as exc:  # a kernel without seccomp filters: say so in the job's log
+        print(f"[firepool] kernel keyrings not isolated: {exc}", file=sys.stderr)
     env = cfg["env"]
     for name in [k for k in os.environ if k not in env]:  # a diff: most of it is unchanged
         del os.environ[name]
@@ -88,6 +99,70 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+KEYRING_SYSCALLS = (
+    # (AUDIT_ARCH_*, the numbers of add_key, request_key and keyctl, a mask for the number)
+    (0xC000003E, (248, 249, 250), 0xBFFFFFFF),  # x86_64, and its x32 ABI (bit 30 set)
+    (0x40000003, (286, 287, 288), 0xFFFFFFFF),  # i386 (int 0x80, on an x86_64 kernel too)
+    (0xC00000B7, (217, 218, 219), 0xFFFFFFFF),  # aarch64
+)
+"""The kernel keyring calls a job may not make (Docker's default profile refuses them too):
+keyrings are per uid, not per pod, so a key one caller's job stored was another caller's to
+read on any pod of the same uid, and outlived the pod (adversarial run)."""
+
+
+def _keyring_filter() -> bytes:
+    """A classic-BPF seccomp program: EPERM for ``KEYRING_SYSCALLS`` on their architecture,
+    every other call allowed."""
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("HBBI", code, jt, jf, k)
+
+    load, jeq, and_k, ret = 0x20, 0x15, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ALU|AND|K, RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
+    program = [op(load, 4)]  # seccomp_data.arch
+    for arch, numbers, mask in KEYRING_SYSCALLS:
+        block = [op(load, 0), op(and_k, mask)]  # seccomp_data.nr
+        for i, number in enumerate(numbers):
+            block.append(op(jeq, number, jt=len(numbers) - i))  # to ``deny``
+        block += [op(ret, allow), op(ret, deny)]
+        program += [op(jeq, arch, jf=len(block)), *block]  # another architecture: skip it
+    program.append(op(ret, allow))
+    return b"".join(program)
+
+
+KEYRING_FILTER = _keyring_filter()
+
+
+class _Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def deny_keyrings() -> None:
+    """Install ``KEYRING_FILTER`` for this process and all it starts (``no_new_privs`` first,
+    which bwrap has set already). Raises OSError where the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = ctypes.create_string_buffer(KEYRING_FILTER, len(KEYRING_FILTER))
+    program = _Program(len(KEYRING_FILTER) // 8, ctypes.addressof(code))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def drop_to(uid: int) -> None:
+    """Become ``uid`` (gid the same number, no supplementary groups) for good: real,
+    effective and saved ids, which clears every capability. Raises if that did not happen
+    (``pod_runtime.jobuser`` uses it too)."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
+        raise PermissionError(f"could not drop to uid {uid}")
 
 
 def _mark_first_instruction(cfg: dict[str, Any]) -> None:

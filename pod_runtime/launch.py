@@ -3,7 +3,8 @@
 The local backend spawns the returned argv with ``start_new_session=True`` and never waits on
 the pod (pods outlive the broker, like Kubernetes pods, so ``--die-with-parent`` is not set).
 
-The sandbox (``bwrap``, run as root here): new PID, mount and IPC namespaces and session;
+The sandbox (``bwrap``, run as root here): new PID, mount, IPC and UTS namespaces and session;
+kernel settings under ``/proc`` read-only (``PROC_READ_ONLY``, ``PROC_HIDDEN``);
 ``/`` read-only (the venv included); a minimal ``/dev`` plus the NVIDIA device nodes; private
 tmpfs ``/tmp``, ``/dev/shm`` and package directory (``workspace/pkg``, unpacked on every job,
 so kept in memory); the broker's state directory and its user's home replaced by empty
@@ -11,10 +12,11 @@ ones (``hidden``: the signing key, job store, packages, logs, the other pods, ev
 metadata and the operator's credentials are out of sight; the interpreter and code are bound
 back read-only, parent before child, ``_layered_mounts``); the host's root-only files and its
 unix sockets masked (``host_secrets``); the pod directory is the only writable tree; all
-capabilities
-dropped; ``--unshare-net`` when ``network=False``. When cgroup v2 is writable here the argv is
-prefixed with a ``sh`` step that moves the pod into ``<v2>/firepool/<pod>/agent`` before exec,
-and that pod cgroup is bound writable: the agent then makes one child cgroup per job, and
+capabilities dropped but, in a sandbox started as root, the few the agent needs to run its
+jobs as an unprivileged uid (``jobuser``); ``--unshare-net`` when ``network=False``. When
+cgroup v2 is writable here the argv is prefixed with a ``sh`` step that moves the pod into
+``<v2>/firepool/<pod>/agent`` before exec, and that pod cgroup is bound writable (the other
+pods' hidden under an empty ``firepool``): the agent then makes one child cgroup per job, and
 deleting the pod can ``cgroup.kill`` the whole pod at once.
 
 Without a working ``bwrap`` (missing, or the probe fails) the plain agent runs, with one
@@ -37,7 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pod_runtime import cgroups
+from pod_runtime import cgroups, jobuser
 
 log = logging.getLogger(__name__)
 PROBE_ARGS = (
@@ -57,6 +59,8 @@ PROBE_ARGS = (
     "ALL",
 )
 PKG_TMPFS_BYTES = 2_000_000_000 + 64 * 1024 * 1024
+PRIVATE_TMPFS_BYTES = 4096 * 1024 * 1024
+"""Default size cap of the private ``/tmp`` and ``/dev/shm`` (each; a pool's ``tmpfs_mb``)."""
 _warned = False
 
 
@@ -86,6 +90,21 @@ def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
     """Where the pod's interpreter and code live, when a private mount would hide them (a
     checkout or virtual environment under /tmp, as CI makes, or under a ``hidden`` path):
     bound read-only again."""
+    covered = (*PRIVATE_MOUNTS, *hidden)
+    inside = sorted(
+        p
+        for p in _runtime_candidates(python)
+        if os.path.isdir(p) and any(p == m or p.startswith(m + "/") for m in covered)
+    )
+    kept: list[str] = []
+    for path in inside:  # shortest first: skip paths already inside a kept one
+        if not any(path == k or path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _runtime_candidates(python: str) -> set[str]:
+    """The directories the pod's interpreter and code live in (absolute)."""
     here = Path(__file__).resolve().parent.parent  # the tree that holds pod_runtime
     candidates = {
         sys.prefix,
@@ -96,17 +115,26 @@ def _runtime_paths(python: str, hidden: Sequence[str] = ()) -> list[str]:
         str(Path(python).parent),
     }
     candidates.update(p for p in sys.path if p)
-    covered = (*PRIVATE_MOUNTS, *hidden)
-    inside = sorted(
-        p
-        for p in (os.path.abspath(c) for c in candidates)
-        if os.path.isdir(p) and any(p == m or p.startswith(m + "/") for m in covered)
-    )
-    kept: list[str] = []
-    for path in inside:  # shortest first: skip paths already inside a kept one
-        if not any(path == k or path.startswith(k + "/") for k in kept):
-            kept.append(path)
-    return kept
+    return {os.path.abspath(c) for c in candidates}
+
+
+def closed_above_runtime(python: str) -> list[str]:
+    """For each runtime directory, the highest directory above it that others may not
+    traverse (a 0700 ``/root`` holding pyenv, a private checkout): a job run as another
+    uid could not reach the interpreter. The sandbox hides each (an empty tmpfs; what the
+    job could not enter anyway) and binds the runtime back inside, reachable."""
+    closed: set[str] = set()
+    for path in _runtime_candidates(python):
+        parts = Path(path).parts
+        for depth in range(2, len(parts) + 1):
+            ancestor = str(Path(*parts[:depth]))
+            try:
+                if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+                    closed.add(ancestor)
+                    break
+            except OSError:
+                break
+    return sorted(closed)
 
 
 HOST_SCAN_ROOTS = ("/etc", "/var", "/srv", "/opt", "/home", "/run", "/mnt", "/media")
@@ -179,16 +207,65 @@ def _recent_host_secrets(skip: Sequence[str]) -> tuple[list[str], list[str]]:
         return found
 
 
-def _layered_mounts(emptied: Sequence[str], bound_back: Sequence[str]) -> list[str]:
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+"""Kernel settings a pod's fresh /proc would leave writable to its uid 0 (the agent, or a job
+where jobs keep the agent's uid): ``/proc/sys/kernel/core_pattern`` alone ran a job's script
+as root on the host (adversarial run). Docker makes the same read-only."""
+PROC_HIDDEN = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug")
+"""And what Docker masks: kernel memory, keys, timers, the scheduler's view of every task."""
+
+
+def _kernel_settings_sealed() -> list[str]:
+    """bwrap options, after ``--proc``, that make ``PROC_READ_ONLY`` read-only and mask
+    ``PROC_HIDDEN`` (each where this kernel has it)."""
+    argv: list[str] = []
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    for path in PROC_HIDDEN:
+        if os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    return argv
+
+
+def _layered_mounts(
+    emptied: Sequence[str],
+    bound_back: Sequence[str],
+    shared: Sequence[str] = (),
+    shared_bytes: int = PRIVATE_TMPFS_BYTES,
+) -> list[str]:
     """bwrap options that empty each of ``emptied`` (a tmpfs) and bind each of ``bound_back``
     read-only again, applied parent before child so that the deeper rule wins in its subtree:
     a checkout bound back inside a hidden ``$HOME`` must not bring back a state directory
-    hidden inside the checkout (``./.firepool``). At the same path, emptying wins."""
+    hidden inside the checkout (``./.firepool``). At the same path, emptying wins. The
+    ``shared`` ones among ``emptied`` are world-writable with the sticky bit (``/tmp``, for a
+    job that runs as another uid than the agent) and at most ``shared_bytes`` big; the rest
+    only root may write."""
     rules = [(Path(p), 1, "--tmpfs") for p in emptied]
     rules += [(Path(p), 0, "--ro-bind") for p in bound_back]
     argv: list[str] = []
     for path, _, option in sorted(rules, key=lambda r: (len(r[0].parts), r[1], str(r[0]))):
-        argv += ["--tmpfs", str(path)] if option == "--tmpfs" else [option, str(path), str(path)]
+        if option == "--tmpfs":
+            if str(path) in shared:
+                argv += ["--perms", "1777", "--size", str(shared_bytes)]
+            argv += ["--tmpfs", str(path)]
+        else:
+            argv += [*_open_parents(path, emptied), option, str(path), str(path)]
+    return argv
+
+
+def _open_parents(path: Path, emptied: Sequence[str]) -> list[str]:
+    """bwrap options that create, traversable by everyone (0755), the directories between
+    the deepest of ``emptied`` above ``path`` and ``path``: bwrap would make them 0700, and
+    a job run as another uid could not reach what is bound at ``path`` (its pod directory,
+    the interpreter)."""
+    above = [Path(e) for e in emptied if path.is_relative_to(e) and path != Path(e)]
+    if not above:
+        return []
+    base = max(above, key=lambda e: len(e.parts))
+    argv: list[str] = []
+    for depth in range(len(base.parts) + 1, len(path.parts)):
+        argv += ["--perms", "0755", "--dir", str(Path(*path.parts[:depth]))]
     return argv
 
 
@@ -198,30 +275,41 @@ def _bwrap_argv(
     cgroup_dir: Path | None,
     python: str = sys.executable,
     hidden: Sequence[Path] = (),
+    capabilities: Sequence[str] = (),
+    tmpfs_bytes: int = PRIVATE_TMPFS_BYTES,
 ) -> list[str]:
     pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
         argv += ["--dev-bind", node, node]
-    argv += ["--proc", "/proc"]
+    argv += ["--proc", "/proc", *_kernel_settings_sealed()]
     masked = [str(Path(h).resolve()) for h in hidden]
+    if capabilities:  # jobs run as another uid: they must reach the interpreter
+        masked += closed_above_runtime(python)
     runtime = _runtime_paths(python, masked)
     secret_dirs, secret_files = _recent_host_secrets([*PRIVATE_MOUNTS, *masked, *runtime])
     argv += _layered_mounts(
         # private tmp; the broker's state, keys, other pods; the host's root-only files
         [*PRIVATE_MOUNTS, *masked, *secret_dirs],
         runtime,
+        shared=PRIVATE_MOUNTS,
+        shared_bytes=tmpfs_bytes,
     )
     for path in secret_files:  # /dev/null in place of each root-only file and socket (a
         argv += ["--dev-bind", "/dev/null", path]  # plain bind would refuse the device node)
-    argv += ["--bind", str(pod_dir), str(pod_dir)]  # its own directory, inside a hidden one
+    # its own directory, inside a hidden one
+    argv += _open_parents(pod_dir, [*PRIVATE_MOUNTS, *masked, *secret_dirs])
+    argv += ["--bind", str(pod_dir), str(pod_dir)]
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.
     argv += ["--size", str(PKG_TMPFS_BYTES), "--tmpfs", pkg]
-    argv += ["--unshare-pid", "--unshare-ipc", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--new-session"]
+    argv += ["--cap-drop", "ALL"]
+    for capability in capabilities:
+        argv += ["--cap-add", capability]
     argv += ["--chdir", str(pod_dir)]
-    if cgroup_dir is not None:
-        argv += ["--bind", str(cgroup_dir), str(cgroup_dir)]
+    if cgroup_dir is not None:  # its own cgroup, writable; every other pod's out of sight
+        argv += ["--tmpfs", str(cgroup_dir.parent), "--bind", str(cgroup_dir), str(cgroup_dir)]
     if not network:
         argv.append("--unshare-net")
     return [*argv, "--"]
@@ -241,10 +329,15 @@ def agent_command(
     sandbox: bool | None = None,
     extra_args: Sequence[str] = (),
     hidden: Sequence[Path] = (),
+    drop_jobs: bool = True,
+    tmpfs_bytes: int = PRIVATE_TMPFS_BYTES,
 ) -> list[str]:
     """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never.
     ``hidden``: directories the sandbox replaces with empty ones (the pod's own directory,
-    if inside one, stays visible); without a sandbox nothing is hidden."""
+    if inside one, stays visible); without a sandbox nothing is hidden. ``drop_jobs``: in a
+    sandbox started as root, run jobs as ``jobuser.JOB_UID`` (the agent keeping only
+    ``jobuser.AGENT_CAPABILITIES``). ``tmpfs_bytes``: the size cap of the sandbox's private
+    ``/tmp`` and ``/dev/shm``, each."""
     global _warned
     pod_dir = Path(pod_dir).resolve()
     agent = [
@@ -282,8 +375,14 @@ def agent_command(
     pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
     argv = agent
     if use_sandbox:
-        sandbox_argv = _bwrap_argv(pod_dir, network, pod_cgroup, python, hidden)
+        job_uid = jobuser.JOB_UID if drop_jobs and os.geteuid() == 0 else None
+        capabilities = jobuser.AGENT_CAPABILITIES if job_uid is not None else ()
+        sandbox_argv = _bwrap_argv(
+            pod_dir, network, pod_cgroup, python, hidden, capabilities, tmpfs_bytes
+        )
         argv = [*sandbox_argv, *agent, "--sandboxed"]
+        if job_uid is not None:
+            argv += ["--job-uid", str(job_uid)]
     if pod_cgroup is None:
         return argv
     # Join the pod's cgroup before exec, from outside any namespace: everything the pod

@@ -177,8 +177,12 @@ class Resetter:
         gpu_check: Callable[[], Awaitable[str | None]] | None = None,
         cgroups: JobCgroups | None = None,
         fault_unclean_resets: int = 0,
+        remove_job_ipc: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.cgroups = cgroups
+        self.remove_job_ipc = remove_job_ipc
+        """Removes the SysV objects of jobs run as another uid (``pod_runtime.sysvipc``),
+        before the wipe, which reports any left."""
         self.faults_left = fault_unclean_resets
         self.layout = layout
         self.sandboxed = sandboxed
@@ -243,6 +247,8 @@ class Resetter:
             stuck = self.cgroups.remove_empty()
             if stuck:
                 reasons.append(f"job cgroup(s) still populated: {', '.join(stuck)}")
+        if self.sandboxed and self.remove_job_ipc is not None:
+            await self.remove_job_ipc()
         problems = await asyncio.to_thread(self._wipe, extra)
         if problems:
             shown = "; ".join(safe_text(p) for p in problems[:3])

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import orjson
 
 from functions.errors import ErrorClass, FirepoolError
-from pod_runtime import archive, job_main, proctree, spawner
+from pod_runtime import archive, job_main, jobuser, proctree, spawner
 from pod_runtime.cgroups import JobCgroups
 from pod_runtime.deps import Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
@@ -71,6 +71,12 @@ class Attempt:
     def log(self) -> Path:
         return self.dir / "log"
 
+    @property
+    def out(self) -> Path:
+        """What the job writes (its result, output and start mark): the job's own directory
+        inside the agent's attempt directory, so it can replace none of the agent's files."""
+        return self.dir / "out"
+
 
 class Runner:
     """Runs attempts for one pod (see module docstring for the state rules)."""
@@ -100,7 +106,9 @@ class Runner:
         directory = self.layout.attempts / spec.attempt_id
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "log").touch()
-        return Attempt(spec, directory, AttemptResult(spec.attempt_id, started=time.time()))
+        attempt = Attempt(spec, directory, AttemptResult(spec.attempt_id, started=time.time()))
+        attempt.out.mkdir(exist_ok=True)
+        return attempt
 
     def scope(self) -> proctree.JobScope:
         exclude = self.zygote.helpers() if self.zygote is not None else set()
@@ -158,17 +166,22 @@ class Runner:
             gpu = await asyncio.to_thread(self._gpu_env, attempt)
         files = {
             "input": str(attempt.dir / "input.json"),
-            "result": str(attempt.dir / "result.json"),
-            "first_instruction": str(attempt.dir / "first_instruction"),
+            "result": str(attempt.out / "result.json"),
+            "first_instruction": str(attempt.out / "first_instruction"),
         }
         agent_env = {
             "FIREPOOL_ATTEMPT_ID": spec.attempt_id,
             "FIREPOOL_POD": self.settings.pod_name,
             "FIREPOOL_INPUT_FILE": files["input"],
-            "FIREPOOL_OUTPUT_FILE": str(attempt.dir / "output.json"),
+            "FIREPOOL_OUTPUT_FILE": str(attempt.out / "output.json"),
             "FIREPOOL_SCRATCH_DIR": str(self.layout.scratch),
             "TMPDIR": str(self.layout.scratch),
         }
+        job_uid = self.settings.job_uid
+        if job_uid is not None:  # the agent's $HOME is an empty root-owned tmpfs
+            agent_env["HOME"] = str(self.layout.scratch)
+            writable = (self.layout.pkg, self.layout.scratch, self.layout.gpu_accounting)
+            jobuser.hand_over([*writable, attempt.out], job_uid)
         env, dropped = build_job_env(
             pod_env=os.environ,
             user_env=spec.env,
@@ -189,6 +202,7 @@ class Runner:
             "env": env,
             "log": str(attempt.log),
             "cgroup_procs": self.cgroups.new_job(spec.attempt_id) if self.cgroups else None,
+            "job_uid": job_uid,
         }
         attempt.spawning = True  # from here a cancel kills the process instead of the task
         if self.zygote is not None:
@@ -262,9 +276,8 @@ class Runner:
     def _collect(self, attempt: Attempt, code: int | None) -> None:
         result, spec = attempt.result, attempt.spec
         result.exit_code = code
-        with contextlib.suppress(OSError, ValueError):
-            text = (attempt.dir / "first_instruction").read_text()
-            result.first_instruction = float(text)
+        with contextlib.suppress(OSError, ValueError, OutputTooLarge):
+            result.first_instruction = float(read_capped(attempt.out / "first_instruction", 64))
         if attempt.cause is not None:
             result.state = "cancelled" if attempt.cause == ErrorClass.CANCELLED else "failed"
             what = "timed out" if attempt.cause == ErrorClass.TIMEOUT else "was cancelled"
@@ -291,7 +304,7 @@ class Runner:
             result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
             return
         try:
-            raw = read_capped(attempt.dir / "output.json", job_main.MAX_OUTPUT_BYTES)
+            raw = read_capped(attempt.out / "output.json", job_main.MAX_OUTPUT_BYTES)
         except OutputTooLarge as exc:
             result.state = "failed"
             result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
@@ -314,7 +327,7 @@ class Runner:
         result = attempt.result
         limit = job_main.MAX_OUTPUT_BYTES + RESULT_SLACK_BYTES
         try:
-            outcome = orjson.loads(read_capped(attempt.dir / "result.json", limit))
+            outcome = orjson.loads(read_capped(attempt.out / "result.json", limit))
         except OutputTooLarge as exc:  # not job_main's: the job wrote the file itself
             result.state = "failed"
             result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
@@ -373,12 +386,13 @@ class OutputTooLarge(Exception):
 
 
 def read_capped(path: Path, limit: int) -> bytes:
-    """``path``'s bytes, unless it holds more than ``limit`` (``OutputTooLarge``, naming both:
-    the agent never reads, keeps or sends more than the cap)."""
-    with path.open("rb") as src:
+    """The bytes of ``path``, a file the job wrote (never read through a symlink:
+    ``jobuser.open_job_file``), unless it holds more than ``limit`` (``OutputTooLarge``,
+    naming both: the agent never reads, keeps or sends more than the cap)."""
+    with jobuser.open_job_file(path) as src:
         data = src.read(limit + 1)
+        size = os.fstat(src.fileno()).st_size
     if len(data) > limit:
-        size = os.stat(path).st_size
         raise OutputTooLarge(f"the job's output is {size} bytes, over the {limit}-byte cap")
     return data
 

@@ -98,6 +98,9 @@ class AgentSettings:
     /healthz); http(s) package URLs cannot be fetched then, only ``file://``."""
     sandboxed: bool = False
     """Set by ``launch.agent_command`` under bubblewrap: /tmp and /dev/shm are private."""
+    job_uid: int | None = None
+    """Run every job (and requirements install) as this uid, set by ``launch.agent_command``
+    for a sandbox started as root (``pod_runtime.jobuser``); None: as the agent's uid."""
     limits: ArchiveLimits = field(default_factory=ArchiveLimits)
     """Package caps."""
     reset_deadline_s: float = 2.0
@@ -133,6 +136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
     parser.add_argument("--gpu-uuid", action="append", default=[])
     parser.add_argument("--no-network-note", action="store_true")
     parser.add_argument("--sandboxed", action="store_true")
+    parser.add_argument("--job-uid", type=int, default=None)
     defaults = ArchiveLimits()
     parser.add_argument("--max-package-bytes", type=int, default=defaults.max_compressed)
     parser.add_argument("--max-extract-bytes", type=int, default=defaults.max_written)
@@ -157,6 +161,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         gpu_uuids=tuple(u for u in args.gpu_uuid if u),
         network=not args.no_network_note,
         sandboxed=args.sandboxed,
+        job_uid=args.job_uid,
         limits=ArchiveLimits(
             max_compressed=args.max_package_bytes,
             max_written=args.max_extract_bytes,

@@ -5,11 +5,17 @@ wiping /dev/shm does not remove them. A sandboxed pod has its own IPC namespace:
 listed in /proc/sysvipc there is the pod's, and reset removes them all with ``IPC_RMID``.
 Unsandboxed, the namespace is the host's and nothing is touched. Blocking, tiny; called from
 the reset's wipe thread.
+
+Objects a job made as its own uid (``pod_runtime.jobuser``) only that uid may remove (or
+``CAP_SYS_ADMIN``, which the agent does not keep): the reset first runs
+``python -m pod_runtime.sysvipc --as-uid N``, which drops to that uid and removes them.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import sys
 from pathlib import Path
 
 IPC_RMID = 0
@@ -51,3 +57,23 @@ def remove_all(root: Path = Path("/proc/sysvipc")) -> list[str]:
             if removers[kind](ident) != 0:
                 problems.append(f"sysv {kind} {ident}: errno {ctypes.get_errno()}")
     return problems
+
+
+def main() -> None:
+    """``python -m pod_runtime.sysvipc [--as-uid N]``: remove every object (as uid N); print
+    what would not go, one per line, and exit 1 if anything would not."""
+    parser = argparse.ArgumentParser(prog="pod_runtime.sysvipc")
+    parser.add_argument("--as-uid", type=int, default=None)
+    args = parser.parse_args()
+    if args.as_uid is not None:
+        from pod_runtime.job_main import drop_to
+
+        drop_to(args.as_uid)
+    problems = remove_all()
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    raise SystemExit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -78,6 +78,11 @@ class PoolSpec:
     """Per-job memory limit, enforced where a writable cgroup v2 exists."""
     pids_limit: int | None = 4096
     """Per-job process limit, enforced where a writable cgroup v2 exists."""
+    tmpfs_mb: int = 4096
+    """Size cap, in MiB, of a sandboxed pod's private ``/tmp`` and of its ``/dev/shm`` (each):
+    they live in the host's memory, and without a cap each could take half of it (bwrap's
+    default). Jobs get ``TMPDIR`` on disk (their scratch); raise it for jobs that share
+    big tensors through ``/dev/shm``."""
     template: str = "v1"
     """Pod template version; pods of another template are stale and retire when idle."""
 
@@ -88,7 +93,7 @@ class PoolSpec:
         if not isinstance(self.sku, str) or not self.sku:
             raise InvalidRequest("a pool needs a non-empty sku name", field="sku")
         least = {"units_per_pod": 1, "min_count": 0, "max_idle_count": 0, "max_count": 0,
-                 "step": 1, "standbys_per_active": 0}  # fmt: skip
+                 "step": 1, "standbys_per_active": 0, "tmpfs_mb": 1}  # fmt: skip
         for name, low in least.items():
             _check_int(self.sku, name, getattr(self, name), low)
         for name in ("memory_limit_mb", "pids_limit"):

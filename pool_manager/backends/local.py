@@ -200,6 +200,7 @@ class LocalBackend:
             sandbox=self.sandbox,
             extra_args=limit_args(pool),
             hidden=self.private,
+            tmpfs_bytes=pool.tmpfs_mb * 1024 * 1024,
         )
         created = time.time()
         meta: dict[str, object] = {

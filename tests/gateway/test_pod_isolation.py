@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import socket
 import tempfile
@@ -41,6 +42,10 @@ def server() -> Iterator[BrokerServer]:
     base.chmod(0o755)  # so the sandbox's host scan looks inside, at the two below
     (base / "root-only").write_text("canary")  # a root-only file: masked
     (base / "root-only").chmod(0o600)
+    deep = base / "a" / "b" / "c"  # below the depth the host scan masks
+    deep.mkdir(parents=True)
+    (deep / "root-only").write_text('{"ok": true, "output": "canary"}')  # a result, if read
+    (deep / "root-only").chmod(0o600)
     host_socket = socket.socket(socket.AF_UNIX)  # a host daemon's socket: masked
     host_socket.bind(str(base / "daemon.sock"))
     host_socket.listen()
@@ -54,12 +59,14 @@ def server() -> Iterator[BrokerServer]:
         "HOME": str(operator),
         "PYTHONPATH": str(home.parent),
     }
-    server = start_broker(home, "pools:\n  cpu: {max_count: 2}\n", extra_env=secrets)
+    server = start_broker(home, "pools:\n  cpu: {max_count: 2, tmpfs_mb: 64}\n", extra_env=secrets)
     try:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="snoop", sku="cpu", entrypoint="behaviours:snoop")
             fp.deploy(BEHAVIOURS, name="read", sku="cpu", entrypoint="behaviours:read")
             fp.deploy(BEHAVIOURS, name="connect", sku="cpu", entrypoint="behaviours:connect")
+            fp.deploy(BEHAVIOURS, name="tamper", sku="cpu", entrypoint="behaviours:tamper")
+            fp.deploy(BEHAVIOURS, name="plant", sku="cpu", entrypoint="behaviours:plant_result")
         yield server
     finally:
         host_socket.close()
@@ -126,3 +133,35 @@ def test_processes_creating_the_signing_key_at_once_agree_on_one(tmp_path: Path)
             keys = pool.map(load_or_create_key, [path] * 8)
         assert set(keys) == {bytes.fromhex(path.read_text())}, round_
         assert [p.name for p in path.parent.iterdir()] == ["signing.key"]  # no temporary left
+
+
+def test_a_job_runs_as_an_unprivileged_uid_that_cannot_touch_its_agent(
+    server: BrokerServer,
+) -> None:
+    """Jobs ran as the agent's uid 0: one could signal or replace its agent and zygote,
+    rewrite the pod's installed dependencies for the caller's next session, and read any
+    root-only file the host scan did not reach (deeper than three levels)."""
+    if os.geteuid() != 0:
+        pytest.skip("the broker is not root here: jobs run as its own uid")
+    secret = server.home.parent.parent.parent / "a" / "b" / "c" / "root-only"
+    with Client(server.url, server.token("tamperer", Role.INVOKE)) as fp:
+        job = fp.invoke("tamper", str(secret), lease_tag="t")
+        again = fp.invoke("tamper", str(secret), lease_tag="t")
+        planted = fp.invoke("plant", str(secret), lease_tag="t")
+    assert job["state"] == "SUCCEEDED", job
+    seen, pod = job["output"], job["attempts"][-1]["pods"][0]
+    assert seen["uid"] == 65534, seen
+    assert seen["helpers"] == ["agent", "zygote"], seen
+    assert seen["signal agent"] == seen["signal zygote"] == "PermissionError", seen
+    assert seen["replace agent.sock"] == "PermissionError", seen
+    assert seen["write site cache"] == "PermissionError", seen
+    assert seen["read root-only"] == "PermissionError", seen
+    assert seen["pod cgroups"] in (None, [pod]), "no other pod's cgroup is in sight"
+    assert seen["/tmp MiB"] == seen["/dev/shm MiB"] == 64, "the pool's tmpfs_mb, not half the RAM"
+    wrote = {k: v for k, v in seen.items() if k.startswith("write ") and "cache" not in k}
+    assert wrote == dict.fromkeys(wrote, "allowed") and len(wrote) == 5, wrote
+    # Its own places were wiped by the reset, and handed to the next job again.
+    assert again["acquisition"]["path"] == "warm" and again["output"] == seen, again
+    # The agent reads what the job wrote without following a link it planted.
+    assert planted["state"] == "FAILED", planted
+    assert planted["output"] is None and "canary" not in json.dumps(planted), planted

@@ -28,7 +28,12 @@ class AgentProcess:
     """One ``python -m pod_runtime.agent`` process and a tiny blocking JSON client."""
 
     def __init__(
-        self, pod_dir: Path, *extra: str, sandbox: bool = False, network: bool = True
+        self,
+        pod_dir: Path,
+        *extra: str,
+        sandbox: bool = False,
+        network: bool = True,
+        drop_jobs: bool = True,
     ) -> None:
         self.pod_dir = pod_dir
         self.socket = pod_dir / "agent.sock"
@@ -37,7 +42,12 @@ class AgentProcess:
         listen = f"unix:{self.socket}"
         if sandbox:
             base = agent_command(
-                pod_name=self.name, pod_dir=pod_dir, listen=listen, sandbox=True, network=network
+                pod_name=self.name,
+                pod_dir=pod_dir,
+                listen=listen,
+                sandbox=True,
+                network=network,
+                drop_jobs=drop_jobs,
             )
         else:
             base = [
@@ -133,10 +143,18 @@ def agent_factory(
     started: list[AgentProcess] = []
 
     def start(
-        *extra: str, name: str = "pod", sandbox: bool = False, network: bool = True
+        *extra: str,
+        name: str = "pod",
+        sandbox: bool = False,
+        network: bool = True,
+        drop_jobs: bool = True,
     ) -> AgentProcess:
         agent = AgentProcess(
-            tmp_path_factory.mktemp(name), *extra, sandbox=sandbox, network=network
+            tmp_path_factory.mktemp(name),
+            *extra,
+            sandbox=sandbox,
+            network=network,
+            drop_jobs=drop_jobs,
         )
         started.append(agent)
         return agent

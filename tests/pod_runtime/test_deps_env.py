@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env, filter_user_env
+from pod_runtime.launch import sandbox_status
 from tests.pod_runtime.conftest import AgentProcess, make_zip
 
 PROBE = """
@@ -24,6 +26,13 @@ def version(x):
     return demo_pkg.VALUE
 def env(x):
     return dict(os.environ)
+def plant(x):
+    import demo_pkg
+    try:
+        with open(os.path.join(os.path.dirname(demo_pkg.__file__), "evil.py"), "w"):
+            return "planted"
+    except OSError as exc:
+        return type(exc).__name__
 """
 
 
@@ -99,6 +108,29 @@ def test_requirements_install_once_per_digest_and_reinstall_after_a_change(
     assert "missing-1.0" in failed["error"]["message"]
     assert failed["exit_code"] is None
     assert list(site.glob(".firepool-requirements-*")) == []
+
+
+def test_a_sandboxed_install_runs_as_the_jobs_uid_and_is_roots_once_done(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    """The install's build code is the user's: it ran as root beside the agent, and what it
+    installed stayed writable to every later job of the pod (the caller's next session)."""
+    if not sandbox_status()[0] or os.geteuid() != 0:
+        pytest.skip("jobs change uid only in a sandbox started as root")
+    agent = agent_factory(name="deps-uid", sandbox=True)
+    given = agent.pod_dir / "given"  # the sandbox's /tmp is its own: files in the pod dir
+    given.mkdir()
+    url, digest = make_zip(given / "probe.zip", {"probe.py": PROBE})
+    probe = {"url": url, "digest": digest}
+    req = blob(given / "req.txt", f"{make_wheel(given / 'v1', 'v1')}\n")
+    assert agent.call("GET", "/healthz")[1]["job_uid"] == 65534
+    first = agent.run(job("uid-1:1", probe, "version", requirements=req))
+    assert first["output"] == "v1", first
+    cache = agent.pod_dir / "cache"
+    kept = [p for top in ("site", "pip", "uv") for p in (cache / top).rglob("*")]
+    assert kept and {p.lstat().st_uid for p in kept} == {0}, "handed back to root"
+    planted = agent.run(job("uid-2:1", probe, "plant", requirements=req))
+    assert planted["output"] == "PermissionError", planted
 
 
 def test_user_env_is_filtered_and_system_env_wins(

@@ -4,6 +4,7 @@ job of the pod, and a reset that cannot confirm it says so."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pod_runtime.launch import _runtime_paths
+from pod_runtime.launch import _runtime_paths, sandbox_status
 from pod_runtime.proctree import JobScope
 from pod_runtime.reset import Resetter
 from pod_runtime.settings import PodLayout
@@ -64,6 +65,26 @@ def sysv_listing(x):
     out = {}
     for kind in ("shm", "msg", "sem"):
         out[kind] = open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
+    return out
+
+def kernel(numbers):
+    import ctypes, errno
+    add_key, keyctl = numbers
+    out = {"uid": os.getuid(), "node": os.uname().nodename}
+    try:
+        with open("/proc/sys/kernel/domainname", "w") as f:
+            f.write("escaped")
+        out["sysctl"] = "allowed"
+    except OSError as exc:
+        out["sysctl"] = type(exc).__name__
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    key = libc.syscall(add_key, b"user", b"firepool-escape", b"secret", 6, -4)  # @u
+    out["add_key"] = "allowed" if key >= 0 else errno.errorcode[ctypes.get_errno()]
+    if key >= 0:
+        libc.syscall(keyctl, 3, key)  # KEYCTL_REVOKE: leave the host's keyring as it was
+    found = libc.syscall(keyctl, 0, -4, 0)  # KEYCTL_GET_KEYRING_ID of @u
+    out["keyctl"] = "allowed" if found >= 0 else errno.errorcode[ctypes.get_errno()]
     return out
 
 def look(x):
@@ -182,10 +203,36 @@ def test_wipe_paths_outside_the_pod_are_refused(agent: AgentProcess) -> None:
     assert status == 400 and body["error"]["field"] == "wipe"
 
 
-def test_system_v_ipc_objects_do_not_survive_a_sandboxed_reset(
-    agent_factory: Callable[..., AgentProcess],
+KEYRING_NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}
+"""add_key and keyctl, by machine."""
+
+
+@pytest.mark.parametrize("drop_jobs", [True, False], ids=["job-uid", "agent-uid"])
+def test_a_sandboxed_job_changes_no_kernel_setting_and_reaches_no_keyring(
+    agent_factory: Callable[..., AgentProcess], drop_jobs: bool
 ) -> None:
-    agent = agent_factory(name="sysv", sandbox=True)
+    """A job, even one kept at the agent's uid 0, wrote host-wide sysctls through its fresh
+    /proc (``kernel/core_pattern`` ran its own script as root on the host), and stored and
+    read keys in a keyring every pod of its uid shared, for good (adversarial run)."""
+    numbers = KEYRING_NUMBERS.get(platform.machine())
+    if not sandbox_status()[0] or numbers is None:
+        pytest.skip("needs bubblewrap, on x86_64 or aarch64")
+    agent = agent_factory(name="kernel", sandbox=True, drop_jobs=drop_jobs)
+    url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
+    pkg = {"url": url, "digest": digest}
+    domain = Path("/proc/sys/kernel/domainname").read_text()
+    spec = {"attempt_id": "kernel-1:1", "package": pkg, "entrypoint": "escape:kernel"}
+    seen = agent.run({**spec, "input": list(numbers)})["output"]
+    assert Path("/proc/sys/kernel/domainname").read_text() == domain
+    assert seen["sysctl"] != "allowed" and seen["add_key"] == seen["keyctl"] == "EPERM", seen
+    assert (seen["uid"] == 65534) == (drop_jobs and os.geteuid() == 0), seen
+
+
+@pytest.mark.parametrize("drop_jobs", [True, False], ids=["job-uid", "agent-uid"])
+def test_system_v_ipc_objects_do_not_survive_a_sandboxed_reset(
+    agent_factory: Callable[..., AgentProcess], drop_jobs: bool
+) -> None:
+    agent = agent_factory(name="sysv", sandbox=True, drop_jobs=drop_jobs)
     url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
     pkg = {"url": url, "digest": digest}
     made = agent.run({"attempt_id": "ipc-1:1", "package": pkg, "entrypoint": "escape:sysv"})

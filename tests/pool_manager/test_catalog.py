@@ -61,6 +61,8 @@ def test_an_unknown_tag_mode_is_rejected_with_the_choices() -> None:
         ({"hold_min_tenure_s": -1}, "hold_min_tenure_s"),
         ({"standbys_per_active": 3}, "standbys_per_active"),  # a CPU pool has no GPU
         ({"pids_limit": 0}, "pids_limit"),
+        ({"tmpfs_mb": 0}, "tmpfs_mb"),
+        ({"tmpfs_mb": "1G"}, "tmpfs_mb"),
         ({"zygote": "yes"}, "zygote"),
         ({"preload": "numpy"}, "preload"),
     ],

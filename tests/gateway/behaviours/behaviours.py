@@ -134,3 +134,68 @@ def ticker_tagged(request):
         print(f"{tag} tick {i}", flush=True)
         time.sleep(0.1)
     return "ticked"
+
+
+def tamper(request):
+    """What a job may do to its own agent and pod (test_pod_isolation): its uid, whether it
+    may signal the agent and the zygote, replace the agent's socket, rewrite the pod's kept
+    caches or read the root-only file ``request``; and whether its own places are writable."""
+    import pathlib
+
+    def attempt(action):
+        try:
+            action()
+            return "allowed"
+        except OSError as exc:
+            return type(exc).__name__
+
+    helpers = {}  # the agent, and the zygote that forked this job (its parent)
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"pod_runtime.agent" in argv:
+                helpers["agent"] = int(entry.name)
+            elif b"pod_runtime.zygote" in argv and int(entry.name) == os.getppid():
+                helpers["zygote"] = int(entry.name)
+    pod = pathlib.Path(os.environ["FIREPOOL_SCRATCH_DIR"]).parent.parent
+    seen = {"uid": os.getuid(), "helpers": sorted(helpers)}
+    for role, pid in helpers.items():
+        seen[f"signal {role}"] = attempt(lambda pid=pid: os.kill(pid, 0))
+    seen["replace agent.sock"] = attempt(lambda: os.rename(pod / "agent.sock", pod / "x.sock"))
+    seen["write site cache"] = attempt(lambda: (pod / "cache" / "site" / "evil.pth").touch())
+    seen["read root-only"] = attempt(lambda: pathlib.Path(request).read_text())
+    seen["pod cgroups"] = _pod_cgroups()
+    for place in ("/tmp", "/dev/shm"):
+        fs = os.statvfs(place)
+        seen[f"{place} MiB"] = fs.f_blocks * fs.f_frsize // (1024 * 1024)
+    places = {"cwd": ".", "TMPDIR": os.environ["TMPDIR"], "HOME": os.environ["HOME"]}
+    for label, place in {**places, "/tmp": "/tmp", "/dev/shm": "/dev/shm"}.items():
+        seen[f"write {label}"] = attempt(lambda p=place: pathlib.Path(p, "mine").touch())
+    return seen
+
+
+def _pod_cgroups():
+    """The pods' cgroups this job can list (its own only), or None without cgroup v2 pods."""
+    import pathlib
+
+    with open("/proc/self/mountinfo") as info:
+        mounts = [line.split() for line in info]
+    v2 = [m[4] for m in mounts if m[m.index("-") + 1] == "cgroup2"]
+    with open("/proc/self/cgroup") as own:
+        path = next((line[3:].strip() for line in own if line.startswith("0::")), "")
+    if not v2 or "/firepool/" not in path:
+        return None
+    pods = pathlib.Path(v2[0] + path[: path.index("/firepool/")], "firepool")
+    return sorted(p.name for p in pods.iterdir() if p.is_dir())
+
+
+def plant_result(request):
+    """Leave the result file as a symlink to ``request`` and exit before ``job_main`` writes
+    it: the agent must not read what the job could not (test_pod_isolation)."""
+    out = os.path.dirname(os.environ["FIREPOOL_OUTPUT_FILE"])
+    os.symlink(request, os.path.join(out, "result.json"))
+    sys.stdout.flush()
+    os._exit(0)
