@@ -23,6 +23,7 @@ from gateway import PROCESS_STARTED
 from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.auth import Authenticator, Principal, load_or_create_key
 from gateway.dispatcher import Dispatcher
+from gateway.exclusive import BrokerLocks
 from gateway.executor import Executor
 from gateway.jobs import Job
 from gateway.lifecycle import LogArchive, PodRecycler
@@ -81,6 +82,8 @@ class Broker:
         self._latest: dict[str, FunctionSpec] = {}
         self._changes: Counter[str] = Counter()
         """Registers and deletes begun per function name (``_cache_latest``)."""
+        self.locks = BrokerLocks(home, settings.resolved_store_url)
+        """Held from ``start`` to ``stop`` (or taken earlier by ``firepool serve``)."""
         self.store: JobStore | None = None
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -102,6 +105,7 @@ class Broker:
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        await asyncio.to_thread(self.locks.acquire)  # before any pod or job is touched
         self.store = await open_store(
             self.settings.resolved_store_url,
             settings=StoreSettings(
@@ -221,6 +225,7 @@ class Broker:
         await self.backend.close()
         if self.store is not None:
             await self.store.close()
+        await asyncio.to_thread(self.locks.release)
 
     # -- functions ----------------------------------------------------------------------
     async def function_version(self, name: str, version: int) -> FunctionSpec | None:

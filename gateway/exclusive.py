@@ -1,0 +1,107 @@
+"""One broker per state directory and per job store.
+
+Two brokers on one ``FIREPOOL_HOME`` each rebuilt the pool from the same pod records and
+handed pods one caller had used to another (owner holds live in each broker's memory), and
+scaled past the ceiling together; two brokers with their own homes on one MySQL store each
+re-queued the other's running jobs at start and ran them again (adversarial run). So a broker
+holds, for as long as it runs:
+
+* an exclusive ``flock`` on ``<home>/broker.lock`` (released by the kernel when the process
+  dies, however it dies), which also names the holder's pid for the refusal;
+* one on the job store: for SQLite a ``flock`` beside the database file; for MySQL the named
+  lock ``GET_LOCK('firepool-broker:<schema>', 0)`` on a connection of its own (the server
+  releases it when that connection ends: a killed broker's lock goes with its socket).
+
+A second broker is refused with ``Conflict`` naming what is in use, before it touches a pod
+or a job. ``acquire`` is idempotent; ``release`` frees both. Not thread-safe: one owner.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from functions.errors import Conflict
+from gateway.store.engine import backend_of
+
+LOCK_NAME_MAX = 64
+"""MySQL's limit on a named lock's length."""
+
+
+class BrokerLocks:
+    """The home's and the store's locks of one broker (see the module docstring)."""
+
+    def __init__(self, home: Path, store_url: str) -> None:
+        self.home = home
+        self.store_url = store_url
+        self._files: list[int] = []
+        self._engine: Engine | None = None
+        self._conn: Connection | None = None
+
+    @property
+    def held(self) -> bool:
+        return bool(self._files)
+
+    def acquire(self) -> None:
+        """Take both locks, or raise ``Conflict`` holding neither."""
+        if self.held:
+            return
+        try:
+            self._lock_file(self.home / "broker.lock", f"the state directory {self.home}")
+            url = make_url(self.store_url)
+            if backend_of(url) == "sqlite":
+                db = Path(str(url.database)).expanduser().resolve()
+                self._lock_file(db.with_name(db.name + ".broker-lock"), f"the job store {db}")
+            else:
+                self._lock_server(self.store_url)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for fd in self._files:
+            os.close(fd)  # closing the descriptor drops its flock
+        self._files.clear()
+        if self._conn is not None:
+            self._conn.close()  # the server drops the connection's named locks
+            self._conn = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def _lock_file(self, path: Path, what: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise Conflict(
+                f"{what} is in use by another broker (pid {holder}); stop it first, or give "
+                "this one its own FIREPOOL_HOME and job store"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._files.append(fd)
+
+    def _lock_server(self, url: str) -> None:
+        schema = make_url(url).database or ""
+        name = f"firepool-broker:{schema}"
+        if len(name) > LOCK_NAME_MAX:
+            name = "firepool-broker:" + hashlib.sha256(schema.encode()).hexdigest()[:40]
+        self._engine = create_engine(url, poolclass=NullPool)
+        self._conn = self._engine.connect()
+        got = self._conn.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": name}).scalar()
+        self._conn.commit()
+        if got != 1:
+            raise Conflict(
+                f"the job store {schema!r} is in use by another broker (its named lock "
+                f"{name!r} is held); stop it first, or give this one its own store"
+            )
