@@ -143,7 +143,7 @@ class PodRecycler:
                     continue
                 try:
                     if rank == 0:
-                        await self._keep_logs(job_id, endpoint, attempt_id)
+                        await self.keep_logs(job_id, endpoint, attempt_id)
                     await self.agents.ack(endpoint, attempt_id)
                 except AgentUnreachable as exc:
                     log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)
@@ -155,7 +155,8 @@ class PodRecycler:
         while self._archiving:
             await asyncio.wait(set(self._archiving.values()))
 
-    async def _keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
+    async def keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
+        """Archive rank 0's log of ``attempt_id`` as the job's, from its start."""
         offset = 0
         # Bounded: the agent caps each attempt's log (pod_runtime.settings.MAX_LOG_BYTES,
         # 64 MiB unless a pod was started otherwise) and answers at most 1 MiB per call.

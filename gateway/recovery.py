@@ -11,7 +11,11 @@ authoritative for job state; pod annotations are authoritative for ownership.
   2. Jobs: QUEUED/PENDING jobs are queued again. For each RUNNING job, probe its attempt on
      its pods: known to the agent → the pods are restored as leased to the job, and the
      attempt is re-attached (still running) or finalized without a retry (finished during the
-     outage); unknown (never launched) or pods gone → re-queued with a fresh attempt id.
+     outage); unknown with every pod alive (never launched) → re-queued with a fresh attempt
+     id; a pod gone → a ``PodLost`` attempt, re-queued only within ``max_retries`` (else the
+     job fails ``PodLost``), as when a pod is lost while the broker runs.
+  3. Results the pods still hold of jobs the store has ended (a crash between the answer and
+     the archiving): the last attempt's log is archived and each result acknowledged.
      A re-attached attempt is waited for as long as a dispatched one: the job's own
      ``timeout_s``, else its function's, plus the executor's grace.
 """
@@ -22,17 +26,21 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from functions.errors import ErrorClass
 from functions.spec import MAX_TIMEOUT_S
+from gateway.agent_client import AgentUnreachable
 from gateway.executor import GRACE_S, Outcome
 from gateway.jobs import Job
+from gateway.retry_policy import decide
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
-from pool_manager.states import JobState, PodState
+from pool_manager.states import TERMINAL_JOB_STATES, JobState, PodState
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
 
 log = logging.getLogger("firepool.recovery")
+POD_LOST_ON_RESTART = "its pods were gone after a broker restart"
 
 
 def _float(value: str | None) -> float | None:
@@ -70,8 +78,9 @@ def restored_pod(pod: BackendPod, hold_s: float, now: float) -> PodInfo:
     )
 
 
-async def _live_pods(broker: Broker) -> dict[str, BackendPod]:
-    """Backend pods whose agent answers; every other pod is deleted."""
+async def _live_pods(broker: Broker) -> tuple[dict[str, BackendPod], dict[str, list[str]]]:
+    """Backend pods whose agent answers, and the attempts each still holds a result of;
+    every other pod is deleted."""
     pods = await broker.backend.list()
 
     async def probe(pod: BackendPod) -> dict[str, Any] | None:
@@ -79,6 +88,7 @@ async def _live_pods(broker: Broker) -> dict[str, BackendPod]:
 
     reports = await asyncio.gather(*(probe(p) for p in pods))
     live: dict[str, BackendPod] = {}
+    held: dict[str, list[str]] = {}
     for pod, report in zip(pods, reports, strict=True):
         if report is None or pod.sku not in broker.catalog.pools:
             log.info(
@@ -90,8 +100,9 @@ async def _live_pods(broker: Broker) -> dict[str, BackendPod]:
             await broker.backend.delete(pod.name)
         else:
             live[pod.name] = pod
+            held[pod.name] = [a for a in report.get("attempts", []) if isinstance(a, str)]
             broker.pods.endpoints[pod.name] = pod.endpoint
-    return live
+    return live, held
 
 
 async def _probe_attempt(broker: Broker, job: Job, live: dict[str, BackendPod]) -> Any:
@@ -110,7 +121,7 @@ async def _probe_attempt(broker: Broker, job: Job, live: dict[str, BackendPod]) 
 
 async def recover(broker: Broker) -> None:
     now = broker.clock()
-    live = await _live_pods(broker)
+    live, held = await _live_pods(broker)
     jobs = await broker.jobs.jobs_in_states([JobState.PENDING, JobState.QUEUED, JobState.RUNNING])
     infos = {
         name: restored_pod(pod, broker.catalog.pools[pod.sku].hold_s, now)
@@ -124,13 +135,16 @@ async def recover(broker: Broker) -> None:
             continue
         body = await _probe_attempt(broker, job, live)
         if body is None:
-            requeue.append(job)
+            if await _lost_while_down(broker, job, live, now):
+                requeue.append(job)
             continue
         for name in job.attempts[-1].pods:
             info = infos[name]
             info.state, info.job_id = PodState.RUNNING, job.id
             info.owner, info.tag, info.queue = job.caller, job.lease_tag, job.queue
         attached.append((job, body))
+    attached_ids = {job.attempts[-1].id for job, _ in attached}
+    await _settle_held(broker, live, held, attached_ids)
     await _reset_unbound(broker, live, infos)
     for delete in broker.tracker.restore(infos.values(), now):
         broker.pods.delete(delete.name, delete.reason)
@@ -139,9 +153,9 @@ async def recover(broker: Broker) -> None:
         if job.state is JobState.RUNNING:
             # Never launched, or its pods are gone: no user code of this attempt is running.
             revision = job.revision
-            if job.attempts:
+            if job.attempts and job.attempts[-1].error is None:
                 job.attempts[-1].error = {
-                    "class": "PodLost",
+                    "class": str(ErrorClass.POD_LOST),
                     "message": "not running after a broker restart",
                 }
             job.state = JobState.QUEUED
@@ -157,6 +171,65 @@ async def recover(broker: Broker) -> None:
     log.info(
         "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
     )
+
+
+async def _lost_while_down(
+    broker: Broker, job: Job, live: dict[str, BackendPod], now: float
+) -> bool:
+    """A RUNNING job whose attempt no live pod knows: True to re-queue it. If its pods are
+    all alive the attempt was never launched (no user code ran): re-queued as it is. If any
+    is gone, user code may have run and the pod was lost under it: a ``PodLost`` attempt,
+    retried only within ``max_retries`` like one lost while the broker ran (before, every
+    restart re-queued it for free: 4 runs of a ``max_retries=0`` function in the adversarial
+    run); else the job fails ``PodLost`` here."""
+    attempt = job.attempts[-1] if job.attempts else None
+    if attempt is None or (attempt.pods and all(p in live for p in attempt.pods)):
+        return True
+    attempt.error = {"class": str(ErrorClass.POD_LOST), "message": POD_LOST_ON_RESTART}
+    decision = decide(
+        ErrorClass.POD_LOST, ran_user_code=None, retries=job.retries, max_retries=job.max_retries
+    )
+    if decision.retry:
+        job.retries += 1
+        return True
+    revision = job.revision
+    job.state, job.error = JobState.FAILED, dict(attempt.error)
+    job.finished = attempt.finished = now
+    await broker.jobs.update(job, revision)
+    log.info("job %s failed: %s (%s)", job.id, POD_LOST_ON_RESTART, decision.reason)
+    return False
+
+
+async def _settle_held(
+    broker: Broker,
+    live: dict[str, BackendPod],
+    held: dict[str, list[str]],
+    attached: set[str],
+) -> None:
+    """Results the pods still hold of attempts whose outcome the store already has (a crash
+    came between the answer and their archiving): keep the last attempt's log from rank 0,
+    then acknowledge each, so its files go. Before, such logs were lost for good (a log read
+    after the restart was empty) and the agent kept every attempt's files forever."""
+    for name, attempt_ids in held.items():
+        endpoint = live[name].endpoint
+        for attempt_id in attempt_ids:
+            if attempt_id in attached:
+                continue
+            job = await broker.jobs.get_job(attempt_id.rpartition(":")[0])
+            if job is not None and job.state not in TERMINAL_JOB_STATES:
+                continue  # still the job's own: re-queued or re-attached
+            try:
+                if job is not None and _is_last_on_rank0(job, attempt_id, name):
+                    await broker.recycler.keep_logs(job.id, endpoint, attempt_id)
+                await broker.agents.ack(endpoint, attempt_id)
+            except AgentUnreachable as exc:
+                log.info("pod %s unreachable while settling %s: %s", name, attempt_id, exc)
+
+
+def _is_last_on_rank0(job: Job, attempt_id: str, pod: str) -> bool:
+    """Whether ``attempt_id`` is the job's last attempt and ``pod`` its rank 0: the log kept."""
+    last = job.attempts[-1] if job.attempts else None
+    return last is not None and last.id == attempt_id and last.pods[:1] == [pod]
 
 
 async def _reset_unbound(

@@ -31,8 +31,9 @@ FAULT = "raise inside the executor"
 
 
 @contextlib.contextmanager
-def in_process_broker(home: Path) -> Iterator[tuple[Broker, str]]:
-    """A broker served by uvicorn in a thread; stopped, its pods killed, afterwards."""
+def in_process_broker(home: Path, keep_pods: bool = False) -> Iterator[tuple[Broker, str]]:
+    """A broker served by uvicorn in a thread; stopped, its pods killed (unless
+    ``keep_pods``, for a broker started after it on ``home``), afterwards."""
     catalog = home / "catalog.yaml"
     home.mkdir(parents=True, exist_ok=True)
     catalog.write_text("pools:\n  cpu: {min_count: 0, max_count: 4}\n")
@@ -53,7 +54,8 @@ def in_process_broker(home: Path) -> Iterator[tuple[Broker, str]]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-        kill_pods(home)
+        if not keep_pods:
+            kill_pods(home)
 
 
 def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(

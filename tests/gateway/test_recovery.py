@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,9 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from gateway.lifecycle import PodRecycler
+from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
+from tests.gateway.test_broker_faults import in_process_broker
 
 CATALOG = (
     "budgets: {cpu: 8}\n"
@@ -171,3 +176,58 @@ def test_an_unclean_reset_retires_the_pod_and_the_next_job_gets_a_new_one(
     finally:
         server.stop()
         kill_pods(home)
+
+
+def test_a_pod_lost_while_the_broker_was_down_spends_a_retry(
+    crashy: list[BrokerServer],
+) -> None:
+    """Re-queued at every restart for free: a ``max_retries=0`` function ran 4 times through
+    3 crashes that each took its pod (adversarial run). Now that loss is a ``PodLost`` attempt,
+    as it is while the broker runs."""
+    server = crashy[0]
+    with server.client("lost-while-down") as fp:
+        job_id = fp.submit("sleep", 30)  # deployed with max_retries=0
+        wait_running(fp, job_id, timeout_s=30)
+    server.kill()
+    kill_pods(server.home)  # firepool down: the job's pod is gone
+    server = _restart(crashy)
+    with server.client("lost-while-down") as fp:
+        job = fp.wait(job_id, timeout_s=60)
+    assert job["state"] == "FAILED" and job["error"]["class"] == "PodLost", job
+    assert len(job["attempts"]) == 1 and job["retries"] == 0, job["attempts"]
+
+
+def test_a_log_not_yet_archived_when_the_broker_stopped_is_kept_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between a job's answer and the archiving of its log lost the log for good (a
+    read after the restart was empty: 6 of 10 tries with a 46-byte log, 3 of 3 with 20 MB),
+    and the pod's agent kept that attempt's files forever. Here the archiving never runs in
+    the first broker; the next one keeps the log and acknowledges the attempt."""
+    home = tmp_path / "home"
+    monkeypatch.setattr(PodRecycler, "archive", lambda self, *args: None)
+    with in_process_broker(home, keep_pods=True) as (broker, url):
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600)) as fp:
+            fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty")
+        with Client(url, broker.auth.mint("talker", Role.INVOKE, 3600)) as fp:
+            job = fp.invoke("chatty", "kept", lease_tag="t")
+        pod = job["attempts"][-1]["pods"][0]
+    monkeypatch.undo()
+    assert job["state"] == "SUCCEEDED", job
+    (home / "catalog.yaml").write_text("pools:\n  cpu: {min_count: 0, max_count: 4}\n")
+    server = start_broker(home)
+    try:
+        with server.client("talker") as fp:
+            text = b"".join(fp.iter_logs(job["id"]))
+        endpoint = json.loads((home / "pods" / f"{pod}.json").read_text())["endpoint"]
+        agent = UnixHTTPConnection(endpoint.removeprefix("unix:"), 10.0)
+        try:
+            agent.request("GET", "/healthz")
+            held = json.loads(agent.getresponse().read())["attempts"]
+        finally:
+            agent.close()
+    finally:
+        server.stop()
+        kill_pods(home)
+    assert b"hello from the job: kept" in text, text
+    assert held == [], "acknowledged once kept"
