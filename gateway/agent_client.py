@@ -74,7 +74,9 @@ class AgentClient:
                 raw = await resp.read()
                 return resp.status, (orjson.loads(raw) if raw else None)
         except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
-            raise AgentUnreachable(f"{endpoint}{path}: {exc!r}") from exc
+            # Not the endpoint: the message may reach a caller (a PodLost error), and a local
+            # pod's endpoint is a path inside the broker's state directory.
+            raise AgentUnreachable(f"{method} {path.partition('?')[0]}: {exc!r}") from exc
 
     async def health(self, endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
         try:
@@ -98,7 +100,7 @@ class AgentClient:
         if status == 404:
             return None
         if status != 200 or not isinstance(body, dict):
-            raise AgentUnreachable(f"{endpoint}: result answered {status}")
+            raise AgentUnreachable(f"its result answered HTTP {status}")
         return body
 
     async def cancel(self, endpoint: str, attempt_id: str) -> None:

@@ -26,8 +26,20 @@ from functions.nesting import MAX_NESTING, json_within
 from functions.spec import FunctionSpec
 from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.jobs import Job, JsonText
+from pod_runtime.deps import INSTALL_TIMEOUT_S
 
 GRACE_S = 30.0
+
+
+def attempt_deadline_s(timeout_s: float, spec: FunctionSpec) -> float:
+    """How long the broker waits for an attempt's outcome before it counts the pod lost: the
+    job's ``timeout_s`` (the agent enforces it from the job's process), the grace, and for a
+    function with requirements the agent's install budget, which comes before the job's
+    clock starts. Without it a slow install (a hanging index) was cut at ``timeout_s`` plus
+    the grace and ended ``PodLost``, retried on new pods, instead of the agent's own
+    ``DependencyInstallFailed`` (adversarial run: 36 s and 3 pods per call)."""
+    install = INSTALL_TIMEOUT_S if spec.requirements_digest else 0.0
+    return timeout_s + GRACE_S + install
 
 
 @dataclass(slots=True)
@@ -173,7 +185,7 @@ class Executor:
         }
 
     async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
-        timeout = (job.timeout_s or spec.timeout_s) + GRACE_S
+        timeout = attempt_deadline_s(job.timeout_s or spec.timeout_s, spec)
         world = len(pods)
         port = _free_port() if world > 1 else 0
         specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]
@@ -222,7 +234,7 @@ class Executor:
         try:
             status, body = await self.agents.start(endpoint, spec, timeout)
         except AgentUnreachable as exc:
-            return Outcome.pod_lost([pod], str(exc))
+            return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
         if status == 400:
             return Outcome.refused(pod, body)
         if status != 200:
@@ -271,7 +283,7 @@ class Executor:
             try:
                 body = await self.agents.result(endpoint, attempt_id, wait_s=20.0)
             except AgentUnreachable as exc:
-                return Outcome.pod_lost([pod], str(exc))
+                return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
             if body is None:
                 return Outcome.pod_lost([pod], f"agent on {pod} does not know {attempt_id}")
             if body.get("state") != "running":

@@ -16,8 +16,8 @@ authoritative for job state; pod annotations are authoritative for ownership.
      job fails ``PodLost``), as when a pod is lost while the broker runs.
   3. Results the pods still hold of jobs the store has ended (a crash between the answer and
      the archiving): the last attempt's log is archived and each result acknowledged.
-     A re-attached attempt is waited for as long as a dispatched one: the job's own
-     ``timeout_s``, else its function's, plus the executor's grace.
+     A re-attached attempt is waited for as long as a dispatched one
+     (``executor.attempt_deadline_s``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 from functions.errors import ErrorClass
 from functions.spec import MAX_TIMEOUT_S
 from gateway.agent_client import AgentUnreachable
-from gateway.executor import GRACE_S, Outcome
+from gateway.executor import GRACE_S, Outcome, attempt_deadline_s
 from gateway.jobs import Job
 from gateway.retry_policy import decide
+from pod_runtime.deps import INSTALL_TIMEOUT_S
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
 from pool_manager.states import TERMINAL_JOB_STATES, JobState, PodState
@@ -250,14 +251,14 @@ async def _reset_unbound(
 
 async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
     attempt_id = job.attempts[-1].id
-    timeout_s = job.timeout_s
-    if not timeout_s:  # the agent was given the function's (executor.attempt_spec)
-        try:
-            spec = await broker.function_version(job.function, job.version)
-        except Exception as exc:
-            log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
-            spec = None
-        timeout_s = spec.timeout_s if spec is not None else MAX_TIMEOUT_S
-    timeout = timeout_s + GRACE_S
+    try:
+        spec = await broker.function_version(job.function, job.version)
+    except Exception as exc:
+        log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
+        spec = None
+    if spec is None:  # unknown: wait as long as any attempt may take
+        timeout = (job.timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S
+    else:  # the agent was given the job's, else the function's (executor.attempt_spec)
+        timeout = attempt_deadline_s(job.timeout_s or spec.timeout_s, spec)
     outcome = await broker.dispatcher.executor.reattach(pods, attempt_id, timeout)
     await broker.dispatcher.finish(job, pods, outcome)

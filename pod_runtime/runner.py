@@ -31,7 +31,7 @@ import orjson
 from functions.errors import ErrorClass, FirepoolError
 from pod_runtime import archive, job_main, jobuser, proctree, spawner
 from pod_runtime.cgroups import JobCgroups
-from pod_runtime.deps import Dependencies, DependencyInstallFailed
+from pod_runtime.deps import INSTALL_TIMEOUT_S, Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env
 from pod_runtime.package import BlobCache
@@ -40,8 +40,6 @@ from pod_runtime.reset import empty_dir
 from pod_runtime.settings import AgentSettings
 
 T = TypeVar("T")
-INSTALL_TIMEOUT_S = 900.0
-"""A requirements install that runs longer fails the attempt (the installer is killed)."""
 EXIT_GRACE_S = 2.0
 """After a kill verified by /proc, how long the job's exit may take to be reported (a
 zygote reports it in milliseconds) before the reporter is deemed broken."""

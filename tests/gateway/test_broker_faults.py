@@ -9,6 +9,9 @@ for it. What is patched is the one call the dispatcher guards; everything around
 from __future__ import annotations
 
 import contextlib
+import http.server
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +22,15 @@ import pytest
 import uvicorn
 
 from functions.sdk import Client
+from gateway import executor as executor_module
 from gateway.app import create_app
 from gateway.auth import Role
 from gateway.broker import Broker
 from gateway.executor import Executor, Outcome
 from gateway.harness import free_port, kill_pods
 from gateway.settings import Settings
-from tests.conftest import EXAMPLES
+from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
+from tests.pod_runtime.test_deps_env import make_wheel
 
 FAULT = "raise inside the executor"
 
@@ -85,3 +90,66 @@ def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(
     assert after["state"] == "SUCCEEDED" and after["output"] == 2, after
     assert after["attempts"][-1]["pods"] != first["attempts"][-1]["pods"], after
     assert after["acquisition"]["path"] != "warm", after
+
+
+def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker gave an attempt the job's ``timeout_s`` plus its grace, install included:
+    a slow install (a hanging index) ended ``PodLost`` and was retried on new pods (adversarial
+    run: 36 s and 3 pods per call). The install has its own budget, before the job's clock.
+    Here the grace is 1 s and the function's timeout 1 s, and the wheel takes 4 s to serve."""
+    monkeypatch.setattr(executor_module, "GRACE_S", 1.0)
+    wheel = make_wheel(tmp_path / "wheels", "served late")
+
+    class SlowWheel(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(wheel.stat().st_size))
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            time.sleep(4.0)
+            self.do_HEAD()
+            self.wfile.write(wheel.read_bytes())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    index = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowWheel)
+    threading.Thread(target=index.serve_forever, daemon=True).start()
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"demo-pkg @ http://127.0.0.1:{index.server_port}/{wheel.name}\n")
+    code = tmp_path / "fn"
+    code.mkdir()
+    (code / "probe.py").write_text(
+        "def version(x):\n    import demo_pkg\n    return demo_pkg.VALUE\n"
+    )
+    try:
+        with in_process_broker(tmp_path / "home") as (broker, url):
+            with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+                fp.deploy(code, name="probe", sku="cpu", entrypoint="probe:version",
+                          requirements=requirements, timeout_s=1.0, max_retries=0)  # fmt: skip
+            with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+                job = fp.invoke("probe", None, lease_tag="t")
+    finally:
+        index.shutdown()
+        index.server_close()
+    assert job["state"] == "SUCCEEDED" and job["output"] == "served late", job["error"]
+    assert len(job["attempts"]) == 1
+
+
+def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -> None:
+    """A PodLost error carried the agent's endpoint: a socket path inside the broker's state
+    directory, which callers have no business knowing."""
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
+                      max_retries=0)  # fmt: skip
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            job_id = fp.submit("sleep", 30)
+            pod = wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+            os.kill(agent_pid(pod), signal.SIGKILL)
+            job = fp.wait(job_id, timeout_s=60)
+    assert job["error"]["class"] == "PodLost", job
+    assert pod in job["error"]["message"] and str(tmp_path) not in job["error"]["message"]
