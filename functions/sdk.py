@@ -12,6 +12,7 @@ keeps one HTTP connection pool; use it as a context manager or call ``close()``.
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -19,10 +20,21 @@ from typing import Any, NoReturn
 import httpx
 import orjson
 
+from functions.errors import InvalidRequest
 from functions.packaging import package_digest, sha256_hex
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
+
+
+def _segment(value: str) -> str:
+    """``value`` as one path segment: percent-encoded, so a job id or name of
+    ``../functions/x`` (or with ``?``) cannot walk to another route. Before, ``firepool cancel
+    ../functions/NAME`` deleted the function NAME (adversarial run). ``.`` and ``..``, which
+    no encoding keeps from being walked, are refused."""
+    if value in ("", ".", ".."):
+        raise InvalidRequest(f"{value!r} is not a job id or name")
+    return urllib.parse.quote(value, safe="")
 
 class ApiError(Exception):
     def __init__(self, status: int, error_class: str, message: str, field: str | None = None):
@@ -82,11 +94,11 @@ class Client:
         ``application/zip`` is checked as a package; anything else (a requirements file,
         ``text/plain``) is stored as it is."""
         digest = sha256_hex(data)
-        head = self._http.head(f"/v1/packages/{digest}")
+        head = self._http.head(f"/v1/packages/{_segment(digest)}")
         if head.status_code != 200:
             self._request(
                 "PUT",
-                f"/v1/packages/{digest}",
+                f"/v1/packages/{_segment(digest)}",
                 content=data,
                 headers={"Content-Type": content_type},
             )
@@ -134,12 +146,12 @@ class Client:
 
     def function(self, name: str) -> dict[str, Any]:
         """The latest version of ``name``."""
-        result: dict[str, Any] = self._request("GET", f"/v1/functions/{name}").json()
+        result: dict[str, Any] = self._request("GET", f"/v1/functions/{_segment(name)}").json()
         return result
 
     def delete_function(self, name: str) -> dict[str, Any]:
         """Hide every version of ``name``: calls to it then answer ``NotFound``."""
-        result: dict[str, Any] = self._request("DELETE", f"/v1/functions/{name}").json()
+        result: dict[str, Any] = self._request("DELETE", f"/v1/functions/{_segment(name)}").json()
         return result
 
     # -- jobs ---------------------------------------------------------------------------
@@ -178,7 +190,7 @@ class Client:
     ) -> dict[str, Any]:
         """Run ``name`` and return its job record once it ends (waits past the server's cap)."""
         resp = self._post_job(
-            f"/v1/functions/{name}:invoke",
+            f"/v1/functions/{_segment(name)}:invoke",
             input,
             lease_tag,
             queue,
@@ -204,7 +216,7 @@ class Client:
     ) -> str:
         """Queue ``name`` and return the job id at once (``wait`` or ``job`` to follow it)."""
         resp = self._post_job(
-            f"/v1/functions/{name}/jobs",
+            f"/v1/functions/{_segment(name)}/jobs",
             input,
             lease_tag,
             queue,
@@ -215,7 +227,7 @@ class Client:
         return str(resp.json()["job_id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()
+        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{_segment(job_id)}").json()
         return result
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -234,14 +246,14 @@ class Client:
             poll_s = min(poll_s * 1.5, 1.0)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{job_id}").json()
+        result: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{_segment(job_id)}").json()
         return result
 
     def logs(self, job_id: str, follow: bool = False) -> httpx.Response:
         """The job's whole log, read once the answer ends (with ``follow``, once the job
         does); ``iter_logs`` hands it over as it arrives."""
         return self._request(
-            "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "1"} if follow else None
+            "GET", f"/v1/jobs/{_segment(job_id)}/logs", params={"follow": "1"} if follow else None
         )
 
     def iter_logs(self, job_id: str, follow: bool = False) -> Iterator[bytes]:
@@ -251,7 +263,7 @@ class Client:
         params = {"follow": "1"} if follow else None
         timeout = httpx.Timeout(self._http.timeout.connect, read=None) if follow else None
         with self._http.stream(
-            "GET", f"/v1/jobs/{job_id}/logs", params=params,
+            "GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params,
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         ) as resp:  # fmt: skip
             if resp.status_code >= 400:

@@ -11,8 +11,10 @@ import httpx
 import jwt
 import pytest
 
+from functions.errors import InvalidRequest
+from functions.sdk import ApiError
 from gateway.auth import Role
-from tests.conftest import BrokerServer
+from tests.conftest import EXAMPLES, BrokerServer
 
 
 def _zip(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
@@ -212,3 +214,18 @@ def test_an_oversized_body_is_refused_with_TooLarge(broker_server: BrokerServer)
         )
     assert resp.status_code == 413
     assert resp.json()["error"]["class"] == "TooLarge"
+
+
+def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(broker_server: BrokerServer) -> None:
+    """``Client.cancel("../functions/NAME")`` was ``DELETE /v1/functions/NAME`` once httpx had
+    collapsed the dots: ``firepool cancel`` deleted a function (adversarial run)."""
+    with broker_server.client("walker", Role.DEPLOY) as fp:
+        fp.deploy(EXAMPLES / "noop", name="walked", sku="cpu", entrypoint="noop:noop")
+        with pytest.raises(ApiError) as walked:
+            fp.cancel("../functions/walked")
+        with pytest.raises(ApiError) as queried:
+            fp.job("x?limit=1")
+        with pytest.raises(InvalidRequest):
+            fp.job("..")
+        assert fp.function("walked")["name"] == "walked", "still there"
+    assert walked.value.status == queried.value.status == 404
