@@ -27,6 +27,7 @@ import ctypes
 import errno
 import importlib
 import inspect
+import math
 import os
 import signal
 import struct
@@ -208,9 +209,13 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
         traceback.print_exception(exc)
         return _failure(exc)
     try:
-        size = len(orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY))
+        data = orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         return _failure(exc, "return value is not JSON-serializable: ")
+    size = len(data)
+    if b"null" in data and holds_non_finite(output):  # orjson wrote each as null
+        not_json = ValueError("return value holds NaN or Infinity, which JSON has no form for")
+        return _failure(not_json, "return value is not JSON-serializable: ")
     if size > MAX_OUTPUT_BYTES:
         too_big = ValueError(
             f"return value is {size} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte cap"
@@ -220,6 +225,25 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
         too_deep = ValueError(f"return value nests more than {MAX_NESTING} levels deep")
         return _failure(too_deep)
     return {"ok": True, "output": output}
+
+
+def holds_non_finite(output: Any) -> bool:
+    """Whether ``output`` holds a NaN or an infinity anywhere (numpy's too). orjson writes each
+    as ``null``: a function returning ``{"loss": nan}`` SUCCEEDED with ``{"loss": None}``,
+    where every other value JSON cannot carry fails the job (adversarial run)."""
+    stack = [output]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif hasattr(value, "tolist") and hasattr(value, "dtype"):  # a numpy array or scalar
+            stack.append(value.tolist())
+    return False
 
 
 def nests_too_deep(output: Any) -> bool:

@@ -194,6 +194,13 @@ def boom(x):
 def unserializable(x):
     return {"set": {1, 2}}
 
+def not_finite(x):
+    value = float(x)
+    if os.environ.get("USE_NUMPY"):
+        import numpy
+        return {"loss": numpy.array([1.0, numpy.float32(value)])}
+    return {"loss": [None, 1.5, {"deep": value}]}
+
 class Unprintable(Exception):
     def __str__(self):
         raise RuntimeError("no message")

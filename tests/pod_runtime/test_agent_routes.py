@@ -94,6 +94,16 @@ def test_user_failures_have_their_error_classes(
     assert "Unprintable whose message could not be printed" in unprintable["message"]
     bad = agent.run(spec("fail-2:1", package, "jobs:unserializable"))
     assert bad["error"]["class"] == "FunctionError" and "JSON" in bad["error"]["message"]
+    # NaN and Infinity were written as null: SUCCEEDED with {"loss": None} (adversarial run).
+    for n, (value, env) in enumerate(
+        [("nan", {}), ("-inf", {}), ("nan", {"USE_NUMPY": "1"}), ("1.5", {"USE_NUMPY": "1"})]
+    ):
+        result = agent.run({**spec(f"fin-{n}:1", package, "jobs:not_finite", value), "env": env})
+        if value == "1.5":
+            assert result["output"] == {"loss": [1.0, 1.5]}, result
+        else:
+            assert result["error"]["class"] == "FunctionError", result
+            assert "NaN or Infinity" in result["error"]["message"], result
     code = agent.run(spec("fail-3:1", package, "jobs:exit_code", 3))
     assert code["error"]["class"] == "NonZeroExit" and code["exit_code"] == 3
     missing = agent.run(spec("fail-4:1", package, "nosuchmodule:fn"))
