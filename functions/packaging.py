@@ -46,7 +46,15 @@ def build_package(root: Path) -> bytes:
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
                 raise PackageRejected(f"{path} is not a regular file (links are not packaged)")
-            info = zipfile.ZipInfo(path.relative_to(root).as_posix(), date_time=FIXED_DATE)
+            name = path.relative_to(root).as_posix()
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # bytes that are not UTF-8 (surrogate-escaped)
+                raise PackageRejected(
+                    f"{name.encode('utf-8', 'surrogateescape')!r} is not a UTF-8 file name; "
+                    "a package's names are UTF-8"
+                ) from None
+            info = zipfile.ZipInfo(name, date_time=FIXED_DATE)
             mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
             info.external_attr = (stat.S_IFREG | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED

@@ -11,6 +11,7 @@ keeps one HTTP connection pool; use it as a context manager or call ``close()``.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -25,6 +26,28 @@ from functions.packaging import package_digest, sha256_hex
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
+
+
+def _json_body(value: Any) -> bytes:
+    """``value`` as the JSON the gateway takes, or ``InvalidRequest``: orjson writes NaN and
+    Infinity as ``null`` (a function got ``{"x": None}`` for ``{"x": nan}``) and refuses an
+    integer past 64 bits; the gateway refuses both over HTTP, so the SDK does not change
+    them into something else on the way."""
+    try:
+        content = orjson.dumps(value)
+    except TypeError as exc:  # an integer past 64 bits, or a type JSON has no form for
+        raise InvalidRequest(f"the request cannot be sent as JSON: {exc}") from None
+    if b"null" in content:  # only then may a NaN or Infinity have become one
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise InvalidRequest(
+                "the request holds NaN or Infinity, which JSON has no form for (send them "
+                "as strings)"
+            ) from None
+        except TypeError:  # a type only orjson writes (datetime, dataclass): not checked
+            pass
+    return content
 
 
 def _segment(value: str) -> str:
@@ -47,6 +70,8 @@ class ApiError(Exception):
 
 class Client:
     def __init__(self, url: str, token: str, timeout: float = 120.0) -> None:
+        if not token.isascii() or not token.isprintable():
+            raise InvalidRequest("the token has characters no HTTP header can carry")
         self._http = httpx.Client(
             base_url=url.rstrip("/"),
             timeout=timeout,
@@ -73,7 +98,7 @@ class Client:
         params: dict[str, str] | None = None,
     ) -> httpx.Response:
         if json is not None:
-            content = orjson.dumps(json)
+            content = _json_body(json)
             headers = {**(headers or {}), "Content-Type": "application/json"}
         resp = self._http.request(method, path, content=content, headers=headers, params=params)
         if resp.status_code >= 400:
@@ -174,7 +199,13 @@ class Client:
         ):
             if value is not None:
                 body[key] = value
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        headers = None
+        if idempotency_key:
+            if not idempotency_key.isascii() or not idempotency_key.isprintable():
+                raise InvalidRequest(
+                    "an Idempotency-Key is printable ASCII", field="Idempotency-Key"
+                )
+            headers = {"Idempotency-Key": idempotency_key}
         return self._request("POST", path, json=body, headers=headers)
 
     def invoke(

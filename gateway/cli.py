@@ -8,12 +8,15 @@ the server's typed error on failure.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import orjson
@@ -22,6 +25,36 @@ from functions.errors import FirepoolError, InvalidRequest, Unauthorized
 from functions.sdk import ApiError, Client
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.settings import Settings
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1-65535 (a larger one wrapped around in the socket call)."""
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (1-65535)")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (``nan`` went as JSON null: the default)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number above 0")
+    return value
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return name, value
 
 
 def _print(obj: Any) -> None:
@@ -49,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(host=args.host, port=args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _check_bindable(settings.host, settings.port)
     broker = Broker(settings)
     broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
     app = create_app(broker)
@@ -65,7 +99,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_bindable(host: str, port: int) -> None:
+    """Refuse, before any pod starts, an address this process cannot listen on (in use,
+    not this machine's): uvicorn found out only after the broker had started its pods, and
+    exited 3 with its own lines (adversarial run)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def cmd_token(args: argparse.Namespace) -> int:
+    if not args.caller.strip():
+        raise InvalidRequest("--caller must name someone (the gateway refuses an empty one)")
     settings = Settings.from_env()
     auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
     print(auth.mint(args.caller, Role(args.role), ttl_s=args.ttl or settings.token_ttl_s))
@@ -93,7 +142,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     with _client(args) as fp:
-        env = dict(kv.split("=", 1) for kv in args.env or [])
+        env = dict(args.env or [])
         _print(
             fp.deploy(
                 args.dir,
@@ -112,9 +161,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:
-    try:
-        payload = orjson.loads(args.input)
-    except orjson.JSONDecodeError as exc:
+    try:  # the standard parser: orjson reads an integer past 64 bits as a float, silently
+        payload = json.loads(args.input, parse_constant=_no_constant)
+    except ValueError as exc:
         raise InvalidRequest(f"--input is not JSON: {exc}", field="input") from None
     options: dict[str, Any] = {
         "lease_tag": args.tag,
@@ -131,6 +180,10 @@ def cmd_invoke(args: argparse.Namespace) -> int:
             _print(job)
             return 0 if job["state"] == "SUCCEEDED" else 1
     return 0
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -179,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the broker")
     s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None, help="port to bind (default 8080)")
+    s.add_argument("--port", type=_port, default=None, help="port to bind (default 8080)")
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("token", help="mint a bearer token (printed as the last line)")
@@ -187,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--role", default="invoke", choices=[r.value for r in Role], help="default: %(default)s"
     )
-    s.add_argument("--ttl", type=int, help="lifetime in seconds (default 30 days)")
+    s.add_argument("--ttl", type=_positive_int, help="lifetime in seconds (default 30 days)")
     s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser("down", help="stop every local pod (they outlive the broker by design)")
@@ -208,10 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--command", nargs="+", help="a program to run instead of an entrypoint")
     s.add_argument("--requirements", type=Path, help="a pip requirements file")
     s.add_argument(
-        "--env", action="append", metavar="KEY=VALUE", help="environment variable (repeatable)"
+        "--env",
+        action="append",
+        type=_env_pair,
+        metavar="KEY=VALUE",
+        help="environment variable (repeatable)",
     )
     s.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds per attempt (default %(default)s)"
+        "--timeout", type=_seconds, default=300.0, help="seconds per attempt (default %(default)s)"
     )
     s.add_argument("--pods", type=int, default=1, help="pods per job, a gang (default %(default)s)")
     s.add_argument(
@@ -225,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tag", help="lease tag: jobs with one tag reuse the caller's warm pods")
     s.add_argument("--queue", help="queue name (default: default)")
     s.add_argument("--priority", type=int, help="higher runs first (default 0)")
-    s.add_argument("--timeout", type=float, help="seconds (default: the function's)")
+    s.add_argument("--timeout", type=_seconds, help="seconds (default: the function's)")
     s.add_argument("--idempotency-key", help="a retried call with the same key is one job")
     s.add_argument("--async", dest="async_", action="store_true", help="print the job id")
     s.set_defaults(fn=cmd_invoke)
@@ -280,6 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({type(exc).__name__}: {exc}); is `firepool serve` running there? "
             "(--url or FIREPOOL_URL)\n"
         )
+        return 2
+    except httpx.InvalidURL as exc:
+        sys.stderr.write(f"error: the gateway URL {_gateway_url(args)!r} is not a URL: {exc}\n")
+        return 2
+    except OSError as exc:  # a file named on the command line or by the environment
+        where = f": {exc.filename}" if exc.filename else ""
+        sys.stderr.write(f"error: {exc.strerror or exc}{where}\n")
         return 2
 
 

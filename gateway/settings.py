@@ -6,9 +6,13 @@ No other module reads ``os.environ`` for configuration; they receive a ``Setting
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from functions.errors import InvalidRequest
 
 log = logging.getLogger("firepool.broker")
 
@@ -79,11 +83,28 @@ class Settings:
             store_url=env.get("FIREPOOL_STORE_URL") or None,
             catalog_path=Path(env["FIREPOOL_CATALOG"]) if env.get("FIREPOOL_CATALOG") else None,
             public_url=env.get("FIREPOOL_PUBLIC_URL") or None,
-            result_retention_s=float(env.get("FIREPOOL_RESULT_RETENTION_S", 7 * 86400.0)),
-            idempotency_retention_s=float(env.get("FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0)),
-            retention_sweep_s=float(env.get("FIREPOOL_RETENTION_SWEEP_S", 60.0)),
+            result_retention_s=_seconds_from(env, "FIREPOOL_RESULT_RETENTION_S", 7 * 86400.0),
+            idempotency_retention_s=_seconds_from(
+                env, "FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0
+            ),
+            retention_sweep_s=_seconds_from(env, "FIREPOOL_RETENTION_SWEEP_S", 60.0),
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _seconds_from(env: Mapping[str, str], name: str, default: float) -> float:
+    """``env[name]`` as a number of seconds >= 0 (``default`` when unset); ``InvalidRequest``
+    naming the variable otherwise (it was a ValueError traceback)."""
+    text = env.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # NaN fails too; inf means never
+        raise InvalidRequest(f"{name} must be a number of seconds >= 0, not {text!r}", field=name)
+    return value
 
 
 def private_home(home: Path) -> None:

@@ -12,7 +12,7 @@ import jwt
 import pytest
 
 from functions.errors import InvalidRequest
-from functions.sdk import ApiError
+from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from tests.conftest import EXAMPLES, BrokerServer
 
@@ -229,3 +229,11 @@ def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(broker_server: Broke
             fp.job("..")
         assert fp.function("walked")["name"] == "walked", "still there"
     assert walked.value.status == queried.value.status == 404
+
+
+@pytest.mark.parametrize("value", [float("nan"), [1.0, {"x": float("inf")}], 2**70])
+def test_the_sdk_refuses_what_json_cannot_carry_instead_of_changing_it(value: object) -> None:
+    """orjson wrote NaN and Infinity as null (the function got ``{'x': None}``); the gateway
+    refuses both, and integers past 64 bits, over HTTP. Refused before any request."""
+    with Client("http://127.0.0.1:9", "t") as fp, pytest.raises(InvalidRequest):
+        fp.submit("anything", {"v": value, "fine": None})

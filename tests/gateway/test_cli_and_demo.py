@@ -223,3 +223,68 @@ def test_serve_with_a_bad_catalog_exits_2_naming_the_file_and_the_field(tmp_path
     assert proc.stderr.strip().splitlines()[-1] == (
         f"error: {catalog}: pool 'cpu': the floor min_count (6) is above the ceiling max_count (4)"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["deploy", "{nonutf8}", "--name", "x", "--sku", "cpu", "--entrypoint", "m:f"], {},
+         "is not a UTF-8 file name"),
+        (["deploy", "{code}", "--name", "x", "--sku", "cpu", "--requirements", "/nonexistent"],
+         {}, "No such file or directory: /nonexistent"),
+        (["invoke", "x", "--idempotency-key", "é"], {}, "an Idempotency-Key is printable ASCII"),
+        (["invoke", "x", "--input", "123456789012345678901234567890"], {},
+         "the request cannot be sent as JSON"),
+        (["jobs"], {"FIREPOOL_TOKEN": "é"}, "the token has characters no HTTP header can carry"),
+        (["jobs"], {"FIREPOOL_URL": "http://[::1"}, "is not a URL"),
+        (["serve", "--port", "{port}"], {"FIREPOOL_RESULT_RETENTION_S": "abc"},
+         "FIREPOOL_RESULT_RETENTION_S must be a number of seconds >= 0, not 'abc'"),
+        (["serve", "--port", "{port}"], {"FIREPOOL_CATALOG": "/nonexistent.yaml"},
+         "No such file or directory: /nonexistent.yaml"),
+        (["serve", "--port", "{busy}"], {}, "cannot listen on 127.0.0.1:"),
+        (["token", "--caller", " "], {}, "--caller must name someone"),
+    ],
+    ids=["non-utf8-name", "missing-requirements", "non-ascii-key", "wide-integer",
+         "non-ascii-token", "bad-url", "retention-not-a-number", "missing-catalog", "port-in-use",
+         "empty-caller"],
+)  # fmt: skip
+def test_bad_local_input_exits_2_with_one_error_line(
+    argv: list[str], env: dict[str, str], says: str, tmp_path: Path, broker_server: BrokerServer
+) -> None:
+    """Each of these ended in a Python traceback and exit 1 (adversarial run); a refused
+    request exits 2 with one ``error:`` line (README)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "m.py").write_text("def f(x):\n    return x\n")
+    nonutf8 = tmp_path / "nonutf8"
+    nonutf8.mkdir()
+    (nonutf8 / os.fsdecode(b"bad\xff.py")).write_text("")
+    busy = broker_server.url.rsplit(":", 1)[1]
+    values = {"code": str(code), "nonutf8": str(nonutf8), "port": str(free_port()), "busy": busy}
+    token = broker_server.token("cli-bad", Role.DEPLOY)
+    full = {**os.environ, "FIREPOOL_HOME": str(tmp_path / "home"),
+            "FIREPOOL_URL": broker_server.url, "FIREPOOL_TOKEN": token, **env}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *(a.format(**values) for a in argv)],
+        env=full, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    kill_pods(tmp_path / "home")
+    assert proc.returncode == 2, proc
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--port", "83740"], ["token", "--caller", "a", "--ttl", "-5"],
+     ["invoke", "x", "--timeout", "nan"], ["deploy", ".", "--name", "x", "--sku", "cpu",
+     "--env", "FOO"]],
+    ids=["port-past-65535", "negative-ttl", "nan-timeout", "env-without-value"],
+)  # fmt: skip
+def test_out_of_range_options_are_refused_by_the_parser(argv: list[str]) -> None:
+    """``serve --port 83740`` listened on 18204 (the port wrapped); ``token --ttl -5`` minted a
+    token already expired; ``--timeout nan`` went as null (the default); ``--env FOO`` ended
+    in a traceback."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
