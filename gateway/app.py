@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from functions.errors import (
+    ErrorClass,
     Expired,
     FirepoolError,
     InvalidRequest,
     NotFound,
     TooLarge,
     Unavailable,
+    UnknownField,
 )
 from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
@@ -37,6 +43,8 @@ from gateway.metrics import render_metrics
 from gateway.openapi import build_openapi
 from gateway.package_check import check_package_file
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
+
+log = logging.getLogger("firepool.api")
 
 INVOKE_FIELDS = {
     "input": Field((object,)),
@@ -132,6 +140,31 @@ def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
     return principal
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def queries(*allowed: str) -> Callable[[Handler], Handler]:
+    """A route taking only the query parameters ``allowed`` (none if none are named): any
+    other is refused as ``UnknownField``, naming it, like an unknown body field. Before,
+    ``GET /v1/jobs?stat=RUNNING&limt=1`` listed every job (adversarial run)."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def checked(request: Request) -> Response:
+            for name in request.query_params:
+                if name not in allowed:
+                    takes = ", ".join(allowed) if allowed else "none"
+                    raise UnknownField(
+                        f"unknown query parameter {name!r} (this route takes: {takes})",
+                        field=name,
+                    )
+            return await handler(request)
+
+        return checked
+
+    return wrap
+
+
 def query_switch(request: Request, name: str) -> bool:
     """An on/off query flag: ``1`` or ``true`` on, ``0``, ``false`` or absent off; anything
     else is refused, naming it (a typo must not silently mean off)."""
@@ -149,6 +182,7 @@ def _broker(request: Request) -> Broker:
 
 
 # -- packages ---------------------------------------------------------------------------
+@queries()
 async def put_package(request: Request) -> Response:
     broker = _broker(request)
     _principal(request, Role.DEPLOY)
@@ -166,6 +200,7 @@ async def put_package(request: Request) -> Response:
     )
 
 
+@queries("exp", "sig")
 async def get_blob(request: Request) -> Response:
     """Serve a package to a pod; the signed URL is the credential (no bearer token)."""
     broker = _broker(request)
@@ -213,12 +248,14 @@ async def list_functions(request: Request) -> Response:
     return JSONResponse({"functions": [s.to_json() for s in specs]})
 
 
+@queries()
 async def function_collection(request: Request) -> Response:
     if request.method == "POST":
         return await create_function(request)
     return await list_functions(request)
 
 
+@queries()
 async def function_target(request: Request) -> Response:
     broker = _broker(request)
     name: str = request.path_params["name"]
@@ -232,10 +269,12 @@ async def function_target(request: Request) -> Response:
     return JSONResponse((await broker.latest_function(name)).to_json())
 
 
+@queries()
 async def invoke_function(request: Request) -> Response:
     return await _invoke(request, request.path_params["name"], sync=True)
 
 
+@queries()
 async def submit_job(request: Request) -> Response:
     return await _invoke(request, request.path_params["name"], sync=False)
 
@@ -281,6 +320,7 @@ async def _visible_job(request: Request) -> tuple[Broker, Job]:
     return broker, job
 
 
+@queries()
 async def job_route(request: Request) -> Response:
     broker, job = await _visible_job(request)
     if request.method == "DELETE":
@@ -288,6 +328,7 @@ async def job_route(request: Request) -> Response:
     return JSONResponse(job.to_public())
 
 
+@queries("state", "limit")
 async def list_jobs(request: Request) -> Response:
     broker = _broker(request)
     principal = _principal(request)
@@ -315,6 +356,7 @@ SETTLE_WAIT_S = 60.0
 """Longest a log read waits for an ended job to be settled (its log archived)."""
 
 
+@queries("follow")
 async def job_logs(request: Request) -> Response:
     """The job's log: live from rank 0's agent while it runs, from the archive afterwards
     (same byte offsets); ``?follow=1`` streams until the job ends."""
@@ -356,6 +398,7 @@ async def job_logs(request: Request) -> Response:
 
 
 # -- operations -------------------------------------------------------------------------
+@queries("pods")
 async def pools(request: Request) -> Response:
     broker = _broker(request)
     _principal(request, Role.ADMIN)
@@ -436,6 +479,31 @@ async def firepool_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(exc), status_code=http_status(exc))
 
 
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, a method the route does not take) in the
+    API's JSON error form; they were ``text/plain``."""
+    assert isinstance(exc, HTTPException)
+    error = {"class": str(ErrorClass.INVALID_REQUEST), "message": exc.detail}
+    if exc.status_code == 404:
+        error = {"class": str(ErrorClass.NOT_FOUND), "message": f"no route {request.url.path}"}
+    elif exc.status_code == 405:
+        error["message"] = f"{request.method} is not a method of {request.url.path}"
+    return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> Response:
+    """An exception no handler expected, in the API's JSON error form (it was a bare 500
+    ``Internal Server Error``): a job store that fails (a full disk, a dropped connection)
+    is ``Unavailable`` (503: try again), anything else ``InternalError`` (500), logged."""
+    if isinstance(exc, SQLAlchemyError):
+        log.error("%s %s: the job store failed: %r", request.method, request.url.path, exc)
+        error = Unavailable("the job store failed; try again")
+        return JSONResponse(error_body(error), status_code=http_status(error))
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    body = {"error": {"class": str(ErrorClass.INTERNAL), "message": "internal error (logged)"}}
+    return JSONResponse(body, status_code=500)
+
+
 def create_app(broker: Broker) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -464,7 +532,11 @@ def create_app(broker: Broker) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={FirepoolError: firepool_error},
+        exception_handlers={
+            FirepoolError: firepool_error,
+            HTTPException: http_error,
+            Exception: unexpected_error,
+        },
     )
     app.state.broker = broker
     return app

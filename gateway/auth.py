@@ -91,9 +91,10 @@ class Authenticator:
         return jwt.encode(claims, self._key, algorithm="HS256")
 
     def authenticate(self, header: str | None) -> Principal:
-        if not header or not header.startswith("Bearer "):
+        scheme, _, token = (header or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:  # the scheme is case-insensitive (RFC 7235)
             raise Unauthorized("missing bearer token")
-        token = header[7:].strip()
         now = time.time()
         with self._lock:
             cached = self._cache.get(token)

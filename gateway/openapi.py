@@ -15,6 +15,7 @@ from typing import Any
 
 from functions.spec import DIGEST_RE, ENTRYPOINT_RE, NAME_RE
 from gateway.decoding import Field
+from pool_manager.model import PATH_ORDER
 from pool_manager.states import JobState
 
 _JSON_TYPES = {
@@ -26,7 +27,86 @@ _JSON_TYPES = {
     list: "array",
 }
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_JOB = {"$ref": "#/components/schemas/Job"}
 _OBJECT = {"type": "object"}
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_ERROR_DETAIL = {
+    "type": "object",
+    "required": ["class", "message"],
+    "properties": {
+        "class": {"type": "string", "description": "an error class (functions.errors)"},
+        "message": {"type": "string"},
+        "field": {"type": "string", "description": "the request field at fault"},
+        "type": {"type": "string", "description": "FunctionError: the exception's type"},
+        "traceback": {"type": "string", "description": "FunctionError: its last lines"},
+    },
+}
+"""What ``error`` holds, in an error body and in a job record (more keys may follow)."""
+
+
+def job_schema() -> dict[str, Any]:
+    """The job record every job route answers with (``Job.to_public``)."""
+    attempt = {
+        "type": "object",
+        "required": ["id", "pods", "started", "finished"],
+        "properties": {
+            "id": {"type": "string", "description": "<job id>:<n>"},
+            "pods": {"type": "array", "items": {"type": "string"}},
+            "started": _NUMBER_OR_NULL,
+            "finished": _NUMBER_OR_NULL,
+            "exit_code": {"type": "integer", "description": "absent if no process exited"},
+            "error": _ERROR_DETAIL,
+        },
+    }
+    timings = ("submitted", "started", "first_instruction", "finished")
+    return {
+        "type": "object",
+        "required": [
+            "id",
+            "function",
+            "version",
+            "caller",
+            "sku",
+            "state",
+            "output",
+            "error",
+            "retries",
+            "attempts",
+            "acquisition",
+            "timings",
+        ],
+        "properties": {
+            "id": {"type": "string"},
+            "function": {"type": "string"},
+            "version": {"type": "integer"},
+            "caller": {"type": "string"},
+            "sku": {"type": "string"},
+            "state": {"type": "string", "enum": [str(s) for s in JobState]},
+            "lease_tag": {"type": ["string", "null"]},
+            "queue": {"type": "string"},
+            "priority": {"type": "integer"},
+            "timeout_s": {**_NUMBER_OR_NULL, "description": "the caller's; null: the function's"},
+            "output": {"description": "the function's JSON return value (null until it ends)"},
+            "output_expired": {"type": "boolean"},
+            "output_omitted": {"type": "boolean", "description": "a listing left it out"},
+            "error": {"oneOf": [{"type": "null"}, _ERROR_DETAIL]},
+            "exit_code": {"type": "integer", "description": "rank 0's; absent if none exited"},
+            "retries": {"type": "integer"},
+            "attempts": {"type": "array", "items": attempt},
+            "acquisition": {
+                "type": ["object", "null"],
+                "properties": {
+                    "path": {"type": "string", "enum": list(PATH_ORDER)},
+                    "reason": {"type": ["string", "null"]},
+                },
+            },
+            "timings": {
+                "type": "object",
+                "required": list(timings),
+                "properties": dict.fromkeys(timings, _NUMBER_OR_NULL),
+            },
+        },
+    }
 
 
 def body_schema(
@@ -73,9 +153,17 @@ def _op(
             status: {"description": why, "content": content}
             for status, why in (also_ok or {}).items()
         },
-        "400": {"description": "a bad request: the field is named", "content": _json(_ERROR)},
+        "400": {
+            "description": "a bad request: the field (or query parameter) is named",
+            "content": _json(_ERROR),
+        },
         "401": {"description": "no valid bearer token", "content": _json(_ERROR)},
         "403": {"description": "the token's role may not do this", "content": _json(_ERROR)},
+        "500": {"description": "an internal error (logged)", "content": _json(_ERROR)},
+        "503": {
+            "description": "the broker is shutting down, or its job store failed: try again",
+            "content": _json(_ERROR),
+        },
     }
     if accepted is not None:
         responses["202"] = {"description": "still running: poll its job", "content": accepted}
@@ -162,7 +250,7 @@ def build_openapi(
     }
     reused_key = "the Idempotency-Key was used with another body"
     gone = {"410": "its output and logs are past the retention"}
-    unavailable = {"404": "no such function", "413": "body too large", "503": "shutting down"}
+    unavailable = {"404": "no such function", "413": "body too large"}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Firepool", "version": "1"},
@@ -174,18 +262,9 @@ def build_openapi(
                 "Error": {
                     "type": "object",
                     "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["class", "message"],
-                            "properties": {
-                                "class": {"type": "string"},
-                                "message": {"type": "string"},
-                                "field": {"type": "string"},
-                            },
-                        }
-                    },
-                }
+                    "properties": {"error": _ERROR_DETAIL},
+                },
+                "Job": job_schema(),
             },
         },
         "paths": {
@@ -225,7 +304,7 @@ def build_openapi(
                     "Register a function version (upload its package first)",
                     "201",
                     body=function,
-                    more={"422": "the package is not an acceptable zip"},
+                    more={"413": "body too large", "422": "the package is not an acceptable zip"},
                 ),
                 "get": _op("List functions"),
             },
@@ -241,6 +320,7 @@ def build_openapi(
                     "running after the broker's sync_wait_s)",
                     body=invoke,
                     params=[idempotency],
+                    ok_content=_json(_JOB),
                     more={**unavailable, "422": reused_key},
                     accepted=job_made,
                     body_required=False,
@@ -260,7 +340,15 @@ def build_openapi(
             },
             "/v1/jobs": {
                 "get": _op(
-                    "List your jobs (an admin's: everyone's), newest first",
+                    "List your jobs (an admin's: everyone's), newest first: no inputs, and "
+                    "outputs up to max_json_bytes in all (`output_omitted` marks the rest)",
+                    ok_content=_json(
+                        {
+                            "type": "object",
+                            "required": ["jobs"],
+                            "properties": {"jobs": {"type": "array", "items": _JOB}},
+                        }
+                    ),
                     params=[
                         _query(
                             "limit",
@@ -281,8 +369,16 @@ def build_openapi(
             },
             "/v1/jobs/{id}": {
                 "parameters": [job_id],
-                "get": _op("Job status and result", more={"404": "no such job of yours", **gone}),
-                "delete": _op("Cancel a job", more={"404": "no such job of yours"}),
+                "get": _op(
+                    "Job status and result",
+                    ok_content=_json(_JOB),
+                    more={"404": "no such job of yours", **gone},
+                ),
+                "delete": _op(
+                    "Cancel a job (answers the job as it stands)",
+                    ok_content=_json(_JOB),
+                    more={"404": "no such job of yours", **gone},
+                ),
             },
             "/v1/jobs/{id}/logs": {
                 "parameters": [job_id],

@@ -84,9 +84,7 @@ class Settings:
             catalog_path=Path(env["FIREPOOL_CATALOG"]) if env.get("FIREPOOL_CATALOG") else None,
             public_url=env.get("FIREPOOL_PUBLIC_URL") or None,
             result_retention_s=_seconds_from(env, "FIREPOOL_RESULT_RETENTION_S", 7 * 86400.0),
-            idempotency_retention_s=_seconds_from(
-                env, "FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0
-            ),
+            idempotency_retention_s=_seconds_from(env, "FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0),
             retention_sweep_s=_seconds_from(env, "FIREPOOL_RETENTION_SWEEP_S", 60.0),
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
+from sqlalchemy.exc import OperationalError
 
 from functions.sdk import Client
 from gateway import executor as executor_module
@@ -153,3 +155,27 @@ def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -
             job = fp.wait(job_id, timeout_s=60)
     assert job["error"]["class"] == "PodLost", job
     assert pod in job["error"]["message"] and str(tmp_path) not in job["error"]["message"]
+
+
+def test_a_failing_job_store_answers_503_in_the_error_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that fails (a full disk: adversarial run) answered a bare ``500 Internal
+    Server Error`` in text; it is ``Unavailable`` (503, try again), in the API's error form,
+    and anything else unexpected is ``InternalError`` (500), not text."""
+
+    async def store_fails(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("INSERT ...", {}, Exception("database or disk is full"))
+
+    async def bug(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("a bug")
+
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        token = broker.auth.mint("user", Role.INVOKE, 3600)
+        headers = {"Authorization": f"Bearer {token}"}
+        monkeypatch.setattr(broker.jobs, "list_jobs", store_fails)
+        full = httpx.get(f"{url}/v1/jobs", headers=headers)
+        monkeypatch.setattr(broker.jobs, "list_jobs", bug)
+        broken = httpx.get(f"{url}/v1/jobs", headers=headers)
+    assert full.status_code == 503 and full.json()["error"]["class"] == "Unavailable", full.text
+    assert broken.status_code == 500 and broken.json()["error"]["class"] == "InternalError"

@@ -16,9 +16,10 @@ from openapi_spec_validator import validate
 from starlette.routing import Route
 
 from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app
+from gateway.auth import Role
 from gateway.broker import Broker
 from gateway.settings import Settings
-from tests.conftest import BrokerServer
+from tests.conftest import BEHAVIOURS, BrokerServer
 
 INTERNAL = {"/v1/blobs/{sha256}", "/openapi.json"}  # signed pod downloads; the schema itself
 
@@ -115,3 +116,59 @@ def test_both_answers_of_a_package_upload_are_declared() -> None:
     responses = OPENAPI["paths"]["/v1/packages/{sha256}"]["put"]["responses"]
     assert {"200", "201"} <= set(responses)
     assert responses["200"]["content"] == responses["201"]["content"]
+
+
+def test_a_405_and_an_unknown_route_answer_in_the_error_form(broker_server: BrokerServer) -> None:
+    """Both were ``text/plain`` ("Method Not Allowed"), outside the declared Error schema."""
+    with httpx.Client(base_url=broker_server.url) as http:
+        wrong = http.put("/v1/functions/noop:invoke")
+        nowhere = http.get("/v1/nowhere")
+    for resp, cls in ((wrong, "InvalidRequest"), (nowhere, "NotFound")):
+        jsonschema.validate(resp.json(), OPENAPI["components"]["schemas"]["Error"])
+        assert resp.json()["error"]["class"] == cls, resp.text
+
+
+def test_job_records_match_the_declared_job_schema(broker_server: BrokerServer) -> None:
+    """The job record was declared ``{"type": "object"}``: none of its fields."""
+    schema = {**OPENAPI["components"]["schemas"]["Job"], "components": OPENAPI["components"]}
+    with broker_server.client("schema-dev", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="schema-boom", sku="cpu", entrypoint="behaviours:fail")
+    with broker_server.client("schema-user") as fp:
+        ok = fp.invoke("noop", {"x": 1}, lease_tag="s")
+        failed = fp.invoke("schema-boom", "x", lease_tag="s")
+        listed = fp.jobs()
+        cancelled = fp.cancel(ok["id"])
+    for record in (ok, failed, cancelled, *listed):
+        jsonschema.validate(record, schema)
+    assert failed["error"]["class"] == "FunctionError" and "traceback" in failed["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [("/v1/jobs?stat=RUNNING", "stat"), ("/v1/jobs?limit=1&limt=1", "limt"),
+     ("/v1/functions?x=1", "x"), ("/v1/jobs/abc/logs?folow=1", "folow")],
+)  # fmt: skip
+def test_an_unknown_query_parameter_is_refused_by_name(
+    broker_server: BrokerServer, path: str, name: str
+) -> None:
+    """``GET /v1/jobs?stat=RUNNING&limt=1`` listed every job, the typos ignored."""
+    token = broker_server.token("query-typo")
+    with httpx.Client(base_url=broker_server.url) as http:
+        resp = http.get(path, headers={"Authorization": f"Bearer {token}"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == {
+        "class": "UnknownField",
+        "message": resp.json()["error"]["message"],
+        "field": name,
+    }
+
+
+def test_the_bearer_scheme_is_matched_in_any_case(broker_server: BrokerServer) -> None:
+    """RFC 7235: ``bearer`` and ``BEARER`` are the scheme too (they were 401)."""
+    token = broker_server.token("scheme-case")
+    with httpx.Client(base_url=broker_server.url) as http:
+        answers = [
+            http.get("/v1/jobs", headers={"Authorization": f"{scheme} {token}"}).status_code
+            for scheme in ("Bearer", "bearer", "BEARER")
+        ]
+    assert answers == [200, 200, 200]
