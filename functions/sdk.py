@@ -27,7 +27,6 @@ from functions.packaging import package_digest, sha256_hex
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
-
 def _json_body(value: Any) -> bytes:
     """``value`` as the JSON the gateway takes, or ``InvalidRequest``: orjson writes NaN and
     Infinity as ``null`` (a function got ``{"x": None}`` for ``{"x": nan}``) and refuses an
@@ -58,6 +57,7 @@ def _segment(value: str) -> str:
     if value in ("", ".", ".."):
         raise InvalidRequest(f"{value!r} is not a job id or name")
     return urllib.parse.quote(value, safe="")
+
 
 class ApiError(Exception):
     def __init__(self, status: int, error_class: str, message: str, field: str | None = None):
