@@ -82,9 +82,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(host=args.host, port=args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    _check_bindable(settings.host, settings.port)
     broker = Broker(settings)
     broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
+    _check_bindable(settings.host, settings.port)
     app = create_app(broker)
     uvicorn.run(
         app,

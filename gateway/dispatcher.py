@@ -228,11 +228,19 @@ class Dispatcher:
             self.wake()
             return
         self.tracker.launched(job.id, self.clock())
+        owner_unrecorded = None
         if lease.path not in ("warm", "recycled"):
             # First use of these pods: persist the owner before any user code runs, so a
             # restarted broker can never hand a used pod to another caller (paper A.1 step 4).
-            await self.pods.persist_owner(lease.pods, job.caller, job.lease_tag, job.queue)
-        if job.id in self._cancel_requested:
+            try:
+                await self.pods.persist_owner(lease.pods, job.caller, job.lease_tag, job.queue)
+            except Exception as exc:  # then no user code runs on them: deleted, job retried
+                owner_unrecorded = Outcome.pod_lost(
+                    list(lease.pods), f"the pods' owner could not be recorded: {exc!r}"
+                )
+        if owner_unrecorded is not None:
+            outcome = owner_unrecorded
+        elif job.id in self._cancel_requested:
             outcome = Outcome(
                 state="cancelled",
                 finished=self.clock(),
@@ -288,10 +296,20 @@ class Dispatcher:
             self._queue.append(fresh)
             self._queue_dirty = True
 
-    async def finish(self, job: Job, pods: tuple[str, ...] | list[str], outcome: Outcome) -> None:
+    async def finish(
+        self,
+        job: Job,
+        pods: tuple[str, ...] | list[str],
+        outcome: Outcome,
+        cancel_may_be_lost: bool = False,
+    ) -> None:
         """Record the attempt's outcome durably, then acknowledge it at the agent, reset and
         release the pods, and only then answer waiters (so a caller's next step never finds
-        its own pod still resetting)."""
+        its own pod still resetting).
+
+        An attempt the agent reports cancelled when this broker asked no cancel of it is the
+        pod failing under the job (``PodLost``), unless ``cancel_may_be_lost`` (recovery: a
+        caller's cancel may have reached the agent from the broker before this one)."""
         # Until the outcome is durable, readers see the job as the store has it (RUNNING).
         self.finishing[job.id] = dataclasses.replace(
             job, attempts=[dataclasses.replace(a) for a in job.attempts]
@@ -303,7 +321,19 @@ class Dispatcher:
         attempt.error = outcome.error
         error_class = (outcome.error or {}).get("class")
         revision = job.revision
-        cancelled = outcome.state == "cancelled" or job.id in self._cancel_requested
+        cancelled = job.id in self._cancel_requested or (
+            cancel_may_be_lost and outcome.state == "cancelled"
+        )
+        if outcome.state == "cancelled" and not cancelled:
+            # Nobody asked: the agent ended the attempt on its own (a reset or a shutdown
+            # that was not ours). It read CANCELLED to the caller (adversarial run, a full
+            # disk); it is the pod failing under the job.
+            message = (outcome.error or {}).get("message", "")
+            outcome = Outcome.pod_lost(
+                list(outcome.lost_pods or pods), f"the pod's agent ended the attempt: {message}"
+            )
+            attempt.error = outcome.error
+            error_class = str(ErrorClass.POD_LOST)
         ran_user_code = None if outcome.lost_pods else outcome.first_instruction is not None
         retry = (
             not cancelled

@@ -145,9 +145,11 @@ class PodManager:
     async def persist_owner(
         self, names: tuple[str, ...], owner: str, tag: str | None, queue: str
     ) -> None:
-        """Record a pod's first caller before the job launches (awaited, unlike holds)."""
+        """Record a pod's first caller before the job launches (awaited, unlike holds).
+        Raises if any write fails: the launch must not go ahead then, or a restarted broker
+        could hand the used pod to another caller (it was logged and passed over)."""
         note = {"firepool/owner": owner, "firepool/tag": tag, "firepool/queue": queue}
-        await asyncio.gather(*(self.annotate_now(name, note) for name in names))
+        await asyncio.gather(*(self.backend.annotate(name, note) for name in names))
 
     async def annotate_now(self, name: str, annotations: Mapping[str, str | None]) -> None:
         try:

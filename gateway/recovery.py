@@ -168,7 +168,7 @@ async def recover(broker: Broker) -> None:
         if body.get("state") == "running":
             dispatcher.spawn(_reattach(broker, job, pods))
         else:
-            await dispatcher.finish(job, pods, Outcome.from_agent(body))
+            await dispatcher.finish(job, pods, Outcome.from_agent(body), cancel_may_be_lost=True)
     log.info(
         "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
     )
@@ -261,4 +261,4 @@ async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
     else:  # the agent was given the job's, else the function's (executor.attempt_spec)
         timeout = attempt_deadline_s(job.timeout_s or spec.timeout_s, spec)
     outcome = await broker.dispatcher.executor.reattach(pods, attempt_id, timeout)
-    await broker.dispatcher.finish(job, pods, outcome)
+    await broker.dispatcher.finish(job, pods, outcome, cancel_may_be_lost=True)

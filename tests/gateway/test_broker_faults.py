@@ -31,6 +31,7 @@ from gateway.broker import Broker
 from gateway.executor import Executor, Outcome
 from gateway.harness import free_port, kill_pods
 from gateway.settings import Settings
+from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
 from tests.pod_runtime.test_deps_env import make_wheel
 
@@ -179,3 +180,53 @@ def test_a_failing_job_store_answers_503_in_the_error_form(
         broken = httpx.get(f"{url}/v1/jobs", headers=headers)
     assert full.status_code == 503 and full.json()["error"]["class"] == "Unavailable", full.text
     assert broken.status_code == 500 and broken.json()["error"]["class"] == "InternalError"
+
+
+def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
+    tmp_path: Path,
+) -> None:
+    """Nobody cancelled, yet the job ended CANCELLED when its agent stopped the attempt (a
+    reset the broker did not send: adversarial run, a full disk). That is the pod failing
+    under the job: PodLost, retried within max_retries."""
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
+                      max_retries=1)  # fmt: skip
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            job_id = fp.submit("sleep", 2)
+            pod = wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+            time.sleep(0.5)  # the function sleeps
+            agent = UnixHTTPConnection(broker.pods.endpoints[pod].removeprefix("unix:"), 10.0)
+            try:
+                agent.request("POST", "/reset", body=b"{}")
+                assert agent.getresponse().status == 200
+            finally:
+                agent.close()
+            job = fp.wait(job_id, timeout_s=60)
+    assert job["state"] == "SUCCEEDED", job
+    assert [a["error"]["class"] for a in job["attempts"][:-1]] == ["PodLost"], job["attempts"]
+    assert job["retries"] == 1
+
+
+def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner write was best-effort: with a full disk the job launched on pods no record
+    said were used, which a restarted broker could hand to another caller."""
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        real_annotate = broker.backend.annotate
+
+        async def annotate(name: str, notes: Any) -> None:
+            if "firepool/owner" in notes:
+                raise OSError(28, "No space left on device")
+            await real_annotate(name, notes)
+
+        monkeypatch.setattr(broker.backend, "annotate", annotate)
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty",
+                      max_retries=1)  # fmt: skip
+        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            job = fp.invoke("chatty", "never", lease_tag="t")
+    assert job["state"] == "FAILED" and job["error"]["class"] == "PodLost", job
+    assert "owner could not be recorded" in job["error"]["message"]
+    assert len(job["attempts"]) == 2 and job["timings"]["first_instruction"] is None, job

@@ -1,5 +1,6 @@
 """A job re-attached after a broker restart is waited for as long as its attempt may run:
-its own ``timeout_s``, else its function's (what the agent was told), never a day.
+its own ``timeout_s``, else its function's (what the agent was told), never a day, and
+for a function with requirements their install's budget too (``executor.attempt_deadline_s``).
 
 A unit test of ``recovery._reattach`` over stand-ins for the broker's dispatcher and executor
 (only the two calls it makes): the real restart path is covered end to end by
@@ -8,6 +9,7 @@ A unit test of ``recovery._reattach`` over stand-ins for the broker's dispatcher
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +17,7 @@ from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.executor import GRACE_S
 from gateway.jobs import Attempt, Job
 from gateway.recovery import _reattach
+from pod_runtime.deps import INSTALL_TIMEOUT_S
 from pool_manager.states import JobState
 
 
@@ -25,8 +28,8 @@ def _broker(spec: FunctionSpec | None) -> tuple[Any, list[float]]:
         waited.append(timeout)
         return "outcome"
 
-    async def finish(job: Job, pods: list[str], outcome: str) -> None:
-        assert outcome == "outcome"
+    async def finish(job: Job, pods: list[str], outcome: str, **kwargs: Any) -> None:
+        assert outcome == "outcome" and kwargs == {"cancel_may_be_lost": True}
 
     async def function_version(name: str, version: int) -> FunctionSpec | None:
         return spec
@@ -69,4 +72,10 @@ def test_a_reattached_job_with_its_own_timeout_waits_that() -> None:
 def test_a_reattached_job_whose_function_is_gone_waits_the_longest_timeout() -> None:
     broker, waited = _broker(None)
     asyncio.run(_reattach(broker, _job(None), ["p1"]))
-    assert waited == [MAX_TIMEOUT_S + GRACE_S]
+    assert waited == [MAX_TIMEOUT_S + GRACE_S + INSTALL_TIMEOUT_S]
+
+
+def test_a_reattached_job_with_requirements_waits_through_their_install_too() -> None:
+    broker, waited = _broker(dataclasses.replace(SPEC, requirements_digest="1" * 64))
+    asyncio.run(_reattach(broker, _job(5.0), ["p1"]))
+    assert waited == [5.0 + GRACE_S + INSTALL_TIMEOUT_S]
