@@ -142,16 +142,23 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
     assert len(job["attempts"]) == 1
 
 
+def _running(broker: Broker, url: str, seconds: float, max_retries: int) -> tuple[Client, str, str]:
+    """A user's client, the id of a ``behaviours:sleep`` job of ``seconds`` (deployed with
+    ``max_retries``) and its pod, once it runs there."""
+    with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+        fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
+                  max_retries=max_retries)  # fmt: skip
+    fp = Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60)
+    job_id = fp.submit("sleep", seconds)
+    return fp, job_id, wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+
+
 def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -> None:
     """A PodLost error carried the agent's endpoint: a socket path inside the broker's state
     directory, which callers have no business knowing."""
     with in_process_broker(tmp_path / "home") as (broker, url):
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
-            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
-                      max_retries=0)  # fmt: skip
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
-            job_id = fp.submit("sleep", 30)
-            pod = wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+        fp, job_id, pod = _running(broker, url, 30, max_retries=0)
+        with fp:
             os.kill(agent_pid(pod), signal.SIGKILL)
             job = fp.wait(job_id, timeout_s=60)
     assert job["error"]["class"] == "PodLost", job
@@ -189,12 +196,8 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
     reset the broker did not send: adversarial run, a full disk). That is the pod failing
     under the job: PodLost, retried within max_retries."""
     with in_process_broker(tmp_path / "home") as (broker, url):
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
-            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
-                      max_retries=1)  # fmt: skip
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
-            job_id = fp.submit("sleep", 2)
-            pod = wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+        fp, job_id, pod = _running(broker, url, 2, max_retries=1)
+        with fp:
             time.sleep(0.5)  # the function sleeps
             agent = UnixHTTPConnection(broker.pods.endpoints[pod].removeprefix("unix:"), 10.0)
             try:

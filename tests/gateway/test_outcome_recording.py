@@ -65,6 +65,19 @@ def _store_refuses_outcomes(
     monkeypatch.setattr(JobStore, "update", update)
 
 
+class _Outage:
+    """A store that refuses the first ``times`` writes it is asked about, then takes them
+    (``down`` for ``_store_refuses_outcomes``); ``refusals`` counts the questions."""
+
+    def __init__(self, times: int) -> None:
+        self.times = times
+        self.refusals = 0
+
+    def __call__(self) -> bool:
+        self.refusals += 1
+        return self.refusals <= self.times
+
+
 def _caller(broker: Any, url: str) -> Client:
     """A caller's client, the ``noop`` example deployed."""
     with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
@@ -75,19 +88,13 @@ def _caller(broker: Any, url: str) -> Client:
 def test_an_outcome_is_retried_until_the_store_takes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    refusals = 0
-
-    def down() -> bool:
-        nonlocal refusals
-        refusals += 1
-        return refusals <= 3
-
+    down = _Outage(times=3)
     _store_refuses_outcomes(monkeypatch, "flaky", down)
     with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
         job = fp.invoke("noop", "flaky", lease_tag="t")
         stored = fp.job(job["id"])
         after = fp.invoke("noop", "fine", lease_tag="t")
-    assert refusals == 4, "refused three times, then recorded"
+    assert down.refusals == 4, "refused three times, then recorded"
     assert job["state"] == stored["state"] == "SUCCEEDED", (job, stored)
     assert stored["output"] == "flaky"
     assert after["state"] == "SUCCEEDED" and after["acquisition"]["path"] == "warm"
@@ -123,13 +130,7 @@ def test_a_job_whose_function_is_gone_fails_only_once_the_store_has_it(
     """A queued job whose function version is gone by the time it starts fails NotFound.
     That failure was logged and passed over when the store refused it: the caller was
     answered FAILED while the store kept the job QUEUED, and nothing would ever run it."""
-    refusals = 0
-
-    def down() -> bool:
-        nonlocal refusals
-        refusals += 1
-        return refusals <= 3
-
+    down = _Outage(times=3)
     _store_refuses_outcomes(monkeypatch, "orphan", down)
     with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
         dispatcher = broker.dispatcher
@@ -143,7 +144,7 @@ def test_a_job_whose_function_is_gone_fails_only_once_the_store_has_it(
         monkeypatch.setattr(dispatcher, "specs", _Forgetful())
         job = fp.invoke("noop", "orphan", lease_tag="t")
         stored = fp.job(job["id"])
-    assert refusals == 4, "refused three times, then recorded"
+    assert down.refusals == 4, "refused three times, then recorded"
     assert job["state"] == stored["state"] == "FAILED", (job, stored)
     assert job["error"]["class"] == stored["error"]["class"] == "NotFound"
     assert "is gone" in stored["error"]["message"]
