@@ -354,11 +354,12 @@ class Broker:
         return chunk.data if chunk else b""
 
     async def get_job(self, job_id: str) -> Job | None:
-        """The job as callers see it: durable states only (a job whose outcome is being
-        recorded reads as the store has it), the live copy while it is queued or running."""
-        finishing = self.dispatcher.finishing.get(job_id)
-        if finishing is not None:
-            return finishing
+        """The job as callers see it: durable states only (a job whose RUNNING commit or
+        outcome is being recorded reads as the store has it), the live copy while it is
+        queued or running."""
+        durable = self.dispatcher.finishing.get(job_id) or self.dispatcher.starting.get(job_id)
+        if durable is not None:
+            return durable
         live = self.dispatcher.live.get(job_id)
         if live is not None:
             return live

@@ -80,6 +80,8 @@ class Dispatcher:
         self.reconcile_s = reconcile_s
         self.live: dict[str, Job] = {}
         self.finishing: dict[str, Job] = {}
+        self.starting: dict[str, Job] = {}
+        """Jobs whose RUNNING commit is in flight, as the store has them (queued)."""
         """Jobs whose attempt ended and whose outcome is not yet in the store, as the store
         has them: what a read or a cancel sees meanwhile (``finish``)."""
         self.counters: Counter[str] = Counter()
@@ -203,6 +205,9 @@ class Dispatcher:
         if spec is None:
             spec = await self.functions(job.function, job.version)
         revision = job.revision
+        # Until the RUNNING commit lands, readers see the job as the store has it (queued): a
+        # crash in between re-queues it, and it read RUNNING, then QUEUED again.
+        self.starting[job.id] = dataclasses.replace(job, attempts=list(job.attempts))
         attempt = Attempt(id=job.next_attempt_id(), pods=list(lease.pods), started=now)
         job.state = JobState.RUNNING
         job.attempts.append(attempt)
@@ -215,6 +220,7 @@ class Dispatcher:
             await self.store.update(job, revision)
         except Exception as exc:
             # No user code ran: give the pods back exactly as they were.
+            del self.starting[job.id]
             self.tracker.unclaim(job.id, self.clock())
             job.attempts.pop()
             job.state = JobState.QUEUED
@@ -227,6 +233,7 @@ class Dispatcher:
                 await self._reload(job)
             self.wake()
             return
+        del self.starting[job.id]
         self.tracker.launched(job.id, self.clock())
         owner_unrecorded = None
         if lease.path not in ("warm", "recycled"):
@@ -456,7 +463,9 @@ class Dispatcher:
         if live.state is JobState.RUNNING and live.attempts:
             attempt = live.attempts[-1]
             await self.executor.cancel(attempt.pods, attempt.id, abandon=True)
-        return live
+        # Still starting: cancelled before launch (``_start`` sees the request); answered as
+        # the store has it meanwhile.
+        return self.starting.get(live.id, live)
 
     async def stop(self, drain_s: float) -> None:
         self._stopping = True

@@ -12,6 +12,7 @@ patched to raise a few times, as a dropped connection does).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from gateway.jobs import Job
 from gateway.store import JobStore
-from pool_manager.states import TERMINAL_JOB_STATES
+from pool_manager.states import TERMINAL_JOB_STATES, JobState
 from tests.conftest import BEHAVIOURS, EXAMPLES
 from tests.gateway.test_broker_faults import in_process_broker
 
@@ -155,3 +156,30 @@ class _Forgetful(dict[tuple[str, int], Any]):
 
     def __setitem__(self, key: tuple[str, int], value: Any) -> None:
         pass
+
+
+def test_until_its_running_commit_lands_a_job_reads_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET read RUNNING while the RUNNING commit was still in flight: a crash then re-queued
+    the job (nothing of it had run), and it read QUEUED again (a crash test that trusted the
+    RUNNING it read failed 1 of 4 runs)."""
+    entered = threading.Event()
+    real_update = JobStore.update
+
+    async def slow_running_commit(self: JobStore, job: Job, revision: int) -> Any:
+        if job.input == "slow start" and job.state is JobState.RUNNING and not entered.is_set():
+            entered.set()
+            await asyncio.sleep(2.0)
+        return await real_update(self, job, revision)
+
+    monkeypatch.setattr(JobStore, "update", slow_running_commit)
+    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+        job_id = fp.submit("noop", "slow start")
+        assert entered.wait(30), "the job never started"
+        seen = [fp.job(job_id)["state"] for _ in range(3)]
+        cancel_answer = fp.cancel(job_id)["state"]
+        done = fp.wait(job_id, timeout_s=30)
+    assert seen == ["QUEUED"] * 3, seen
+    assert cancel_answer == "QUEUED", "answered as the store has it"
+    assert done["state"] == "CANCELLED" and done["timings"]["first_instruction"] is None, done

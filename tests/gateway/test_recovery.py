@@ -188,7 +188,6 @@ def test_a_pod_lost_while_the_broker_was_down_spends_a_retry(
     with server.client("lost-while-down") as fp:
         job_id = fp.submit("sleep", 30)  # deployed with max_retries=0
         wait_running(fp, job_id, timeout_s=30)
-    time.sleep(1.5)  # RUNNING reads before it is committed: let the commit and launch land
     server.kill()
     kill_pods(server.home)  # firepool down: the job's pod is gone
     server = _restart(crashy)
