@@ -50,6 +50,11 @@ MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 could have been; a test checks they agree (copied: see above). The agent applies it again
 when it reads the result, and to a command's ``$FIREPOOL_OUTPUT_FILE``."""
 
+RUNTIME_FAILED = 70
+"""Exit code (EX_SOFTWARE) when this module itself fails, not the function: setting the job
+up, or recording its result (a full disk). The agent reports it as ``InternalError`` when no
+result was written."""
+
 TRACEBACK_LINES = 40
 TRACEBACK_CHARS = 8000
 MESSAGE_CHARS = 8000
@@ -296,7 +301,7 @@ def _run(cfg: dict[str, Any], *, forked: bool) -> NoReturn:
     except BaseException:
         with contextlib.suppress(Exception):
             traceback.print_exc()
-        code = 70
+        code = RUNTIME_FAILED
     _flush_and_exit(code)
 
 

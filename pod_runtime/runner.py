@@ -334,6 +334,15 @@ class Runner:
             result.state = "failed"
             if code == 0:
                 result.fail(ErrorClass.FUNCTION_ERROR, "the process exited without a result")
+            elif code == job_main.RUNTIME_FAILED:
+                # job_main's own failure, not the function's (its log says which): a full disk
+                # writing the result read NonZeroExit, the caller's fault (adversarial run).
+                # Retried on another pod only if no user code ran (``retry_policy``).
+                result.fail(
+                    ErrorClass.INTERNAL,
+                    f"the job's runtime failed (exit {code}) before recording a result: "
+                    "see the job's log",
+                )
             else:
                 result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
             return

@@ -194,6 +194,11 @@ def boom(x):
 def unserializable(x):
     return {"set": {1, 2}}
 
+def result_dir(x):
+    # job_main cannot write the result (a full disk does the same): its own failure
+    os.mkdir(os.path.join(os.path.dirname(os.environ["FIREPOOL_OUTPUT_FILE"]), "result.json"))
+    return "lost"
+
 def not_finite(x):
     value = float(x)
     if os.environ.get("USE_NUMPY"):

@@ -104,6 +104,9 @@ def test_user_failures_have_their_error_classes(
         else:
             assert result["error"]["class"] == "FunctionError", result
             assert "NaN or Infinity" in result["error"]["message"], result
+    # job_main failing itself (the result not written) is not the function's NonZeroExit.
+    runtime = agent.run(spec("fail-7:1", package, "jobs:result_dir"))["error"]
+    assert runtime["class"] == "InternalError" and "runtime failed" in runtime["message"]
     code = agent.run(spec("fail-3:1", package, "jobs:exit_code", 3))
     assert code["error"]["class"] == "NonZeroExit" and code["exit_code"] == 3
     missing = agent.run(spec("fail-4:1", package, "nosuchmodule:fn"))
