@@ -128,10 +128,19 @@ def spawn_process(argv: Sequence[str], env: dict[str, str], *, log: Path, reaper
 
 
 def exec_job(cfg: dict[str, Any], cfg_path: Path, python: str, reaper: Reaper) -> int:
-    """Start a fresh interpreter running ``pod_runtime.job_main`` (zygote disabled)."""
+    """Start a fresh interpreter running ``pod_runtime.job_main`` (zygote disabled).
+
+    A job that drops to another uid (``cfg["job_uid"]``) starts under the agent's own
+    environment, and ``job_main`` applies the job's after the drop, as a forked job does:
+    the interpreter starts as root, and the job's variables would act on that start
+    (``PYTHONWARNINGS`` importing a module that runs ``$BROWSER``: the job's command ran as
+    root with the agent's capabilities; adversarial run)."""
     cfg_path.write_bytes(orjson.dumps(cfg))
     argv = [python, "-P", "-m", "pod_runtime.job_main", str(cfg_path)]
-    return spawn_process(argv, cfg["env"], log=Path(cfg["log"]), reaper=reaper)
+    env = cfg["env"]
+    if cfg.get("job_uid") is not None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FIREPOOL_AGENT_")}
+    return spawn_process(argv, env, log=Path(cfg["log"]), reaper=reaper)
 
 
 class ZygoteClient:

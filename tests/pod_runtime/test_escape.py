@@ -87,6 +87,15 @@ def kernel(numbers):
     out["keyctl"] = "allowed" if found >= 0 else errno.errorcode[ctypes.get_errno()]
     return out
 
+def browser_uid(x):
+    time_left = 50
+    import time
+    marker = os.path.join(os.environ["TMPDIR"], "browser-uid")
+    while time_left and not os.path.exists(marker):
+        time.sleep(0.02)
+        time_left -= 1
+    return open(marker).read().strip() if os.path.exists(marker) else None
+
 def look(x):
     seen = {}
     for d in (os.environ["TMPDIR"], "/tmp", "/dev/shm"):
@@ -246,3 +255,24 @@ def test_system_v_ipc_objects_do_not_survive_a_sandboxed_reset(
         {"attempt_id": "ipc-3:1", "package": pkg, "entrypoint": "escape:sysv_listing"}
     )["output"]
     assert after == {"shm": [], "msg": [], "sem": []}
+
+
+def test_a_fresh_interpreter_job_gets_its_environment_only_once_it_dropped_its_uid(
+    agent_factory: Callable[..., AgentProcess],
+) -> None:
+    """With the zygote off, the job's interpreter started as root with the job's environment:
+    ``PYTHONWARNINGS`` imported ``antigravity``, which ran ``$BROWSER`` as root with the
+    agent's capabilities (adversarial run, 4 of 4)."""
+    if not sandbox_status()[0] or os.geteuid() != 0:
+        pytest.skip("jobs change uid only in a sandbox started as root")
+    agent = agent_factory("--no-zygote", name="execroot", sandbox=True)
+    url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
+    env = {
+        "PYTHONWARNINGS": "ignore::antigravity.Warning",
+        "BROWSER": "/bin/sh -c 'id -u > $TMPDIR/browser-uid' %s",
+    }
+    spec = {"attempt_id": "exec-1:1", "package": {"url": url, "digest": digest},
+            "entrypoint": "escape:browser_uid", "env": env}  # fmt: skip
+    result = agent.run(spec)
+    assert result["state"] == "succeeded", result
+    assert result["output"] in (None, "65534"), "the job's environment ran as root"
