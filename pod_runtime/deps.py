@@ -127,9 +127,7 @@ class Dependencies:
             requirements, _ = await self.blobs.get(ref)
         except FirepoolError as exc:
             raise DependencyInstallFailed(f"requirements file: {exc.message}") from exc
-        for entry in list(self.site.iterdir()):
-            if entry.name.startswith(MARKER_PREFIX):
-                entry.unlink(missing_ok=True)
+        self._clear_markers()
         install_log = log.with_name("install.log")
         env = dict(os.environ)
         env.update(
@@ -164,5 +162,11 @@ class Dependencies:
         if code != 0:
             tail = output[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
             raise DependencyInstallFailed(f"install exited with code {code}: {tail}")
+        self._clear_markers()  # the install's own code may have planted some (adversarial run)
         self.marker(ref.digest).touch()
         return self.site
+
+    def _clear_markers(self) -> None:
+        for entry in list(self.site.iterdir()):
+            if entry.name.startswith(MARKER_PREFIX):
+                entry.unlink(missing_ok=True)

@@ -56,16 +56,24 @@ def hand_over_tree(top: Path, uid: int) -> None:
 
 
 def take_back(top: Path) -> None:
-    """Make ``top`` and everything under it root's again, never following a symlink (a
-    swap raced into the walk could only give root more files, nothing to ``uid``)."""
-    _chown_tree(top, 0)
+    """Make ``top`` and everything under it root's again and writable by root alone (group
+    and other write bits cleared: an install had left its tree 0777 and its files 0666 for
+    every later job to rewrite), never following a symlink (a swap raced into the walk
+    could only give root more files, nothing to ``uid``)."""
+    _chown_tree(top, 0, seal=True)
 
 
-def _chown_tree(top: Path, uid: int) -> None:
-    os.chown(top, uid, uid, follow_symlinks=False)
-    for here, dirs, files in os.walk(top):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(here, name), uid, uid, follow_symlinks=False)
+def _chown_tree(top: Path, uid: int, seal: bool = False) -> None:
+    for path in [str(top), *_below(top)]:
+        os.chown(path, uid, uid, follow_symlinks=False)
+        if seal:
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISLNK(mode) and mode & 0o022:
+                os.chmod(path, stat.S_IMODE(mode) & ~0o022)
+
+
+def _below(top: Path) -> list[str]:
+    return [os.path.join(here, n) for here, dirs, files in os.walk(top) for n in (*dirs, *files)]
 
 
 def open_job_file(path: Path) -> BinaryIO:

@@ -178,8 +178,11 @@ class Runner:
         job_uid = self.settings.job_uid
         if job_uid is not None:  # the agent's $HOME is an empty root-owned tmpfs
             agent_env["HOME"] = str(self.layout.scratch)
-            writable = (self.layout.pkg, self.layout.scratch, self.layout.gpu_accounting)
-            jobuser.hand_over([*writable, attempt.out], job_uid)
+            writable = (self.layout.scratch, self.layout.gpu_accounting, attempt.out)
+            jobuser.hand_over(writable, job_uid)
+            # The package's files too: a job may update what it shipped (a SQLite file, a
+            # config); extracted as root, they were read-only to it.
+            await finish_in_thread(jobuser.hand_over_tree, self.layout.pkg, job_uid)
         env, dropped = build_job_env(
             pod_env=os.environ,
             user_env=spec.env,

@@ -160,6 +160,7 @@ def test_a_job_runs_as_an_unprivileged_uid_that_cannot_touch_its_agent(
     assert seen["/tmp MiB"] == seen["/dev/shm MiB"] == 64, "the pool's tmpfs_mb, not half the RAM"
     wrote = {k: v for k, v in seen.items() if k.startswith("write ") and "cache" not in k}
     assert wrote == dict.fromkeys(wrote, "allowed") and len(wrote) == 5, wrote
+    assert seen["update a shipped file"] == "allowed", "its package is its own to change"
     # Its own places were wiped by the reset, and handed to the next job again.
     assert again["acquisition"]["path"] == "warm" and again["output"] == seen, again
     # The agent reads what the job wrote without following a link it planted.

@@ -167,6 +167,7 @@ def tamper(request):
     seen["replace agent.sock"] = attempt(lambda: os.rename(pod / "agent.sock", pod / "x.sock"))
     seen["write site cache"] = attempt(lambda: (pod / "cache" / "site" / "evil.pth").touch())
     seen["read root-only"] = attempt(lambda: pathlib.Path(request).read_text())
+    seen["update a shipped file"] = attempt(lambda: open("behaviours.py", "a").close())
     seen["pod cgroups"] = _pod_cgroups()
     for place in ("/tmp", "/dev/shm"):
         fs = os.statvfs(place)
