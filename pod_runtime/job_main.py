@@ -5,7 +5,7 @@ Runs either in a child forked from the zygote (``run_forked``) or as a fresh int
 
 1. become a session leader, join the job's cgroup (if any) so every descendant is tracked,
    then (in a sandbox started as root) become the job's unprivileged uid for good, and
-   refuse the kernel keyring calls (``deny_keyrings``: keyrings are per uid, not per pod),
+   refuse keyrings, POSIX message queues and new user namespaces (``refuse_syscalls``),
 2. stdio to the attempt log (the agent caps it when the job exits), the job environment,
    the package directory as cwd and on ``sys.path`` (after the dependency dir), stdout
    line-buffered so logs stream,
@@ -89,9 +89,10 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
     if cfg.get("job_uid") is not None:  # last of what needs root: joined, stdio open
         drop_to(int(cfg["job_uid"]))
     try:
-        deny_keyrings()
+        refuse_syscalls()
     except OSError as exc:  # a kernel without seccomp filters: say so in the job's log
-        print(f"[firepool] kernel keyrings not isolated: {exc}", file=sys.stderr)
+        print(f"[firepool] no seccomp filter (keyrings, mqueues, user namespaces open): {exc}",
+              file=sys.stderr)  # fmt: skip
     env = cfg["env"]
     for name in [k for k in os.environ if k not in env]:  # a diff: most of it is unchanged
         del os.environ[name]
@@ -110,46 +111,67 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
-KEYRING_SYSCALLS = (
-    # (AUDIT_ARCH_*, the numbers of add_key, request_key and keyctl, a mask for the number)
-    (0xC000003E, (248, 249, 250), 0xBFFFFFFF),  # x86_64, and its x32 ABI (bit 30 set)
-    (0x40000003, (286, 287, 288), 0xFFFFFFFF),  # i386 (int 0x80, on an x86_64 kernel too)
-    (0xC00000B7, (217, 218, 219), 0xFFFFFFFF),  # aarch64
+REFUSED_SYSCALLS = (
+    # (AUDIT_ARCH_*, a mask for the call's number, the numbers of add_key, request_key,
+    #  keyctl, mq_open and unshare, then of clone and clone3)
+    (0xC000003E, 0xBFFFFFFF, (248, 249, 250, 240, 272), 56, 435),  # x86_64 and x32 (bit 30)
+    (0x40000003, 0xFFFFFFFF, (286, 287, 288, 277, 310), 120, 435),  # i386 (int 0x80)
+    (0xC00000B7, 0xFFFFFFFF, (217, 218, 219, 180, 97), 220, 435),  # aarch64
 )
-"""The kernel keyring calls a job may not make (Docker's default profile refuses them too):
-keyrings are per uid, not per pod, so a key one caller's job stored was another caller's to
-read on any pod of the same uid, and outlived the pod (adversarial run)."""
+"""What a job may not do, by a seccomp filter (Docker's default profile refuses the same):
+
+* the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): a keyring is per uid, not
+  per pod, so a key one caller's job stored was another caller's to read on any pod of the
+  same uid, and outlived the pod (adversarial run);
+* POSIX message queues (``mq_open``): they live in the pod's IPC namespace, which a reset
+  cannot list (no mqueue filesystem is mounted there), so a queue and its messages reached
+  the next session's job (adversarial run, 3 of 3);
+* new user namespaces (``unshare``, ``clone`` with ``CLONE_NEWUSER``; ``clone3``, whose flags
+  a filter cannot read, answers ``ENOSYS`` so that libc falls back to ``clone``): in one a job
+  mounted a tmpfs past its pool's ``tmpfs_mb`` (adversarial run), and they are kernel attack
+  surface no job needs."""
+
+CLONE_NEWUSER = 0x10000000
 
 
-def _keyring_filter() -> bytes:
-    """A classic-BPF seccomp program: EPERM for ``KEYRING_SYSCALLS`` on their architecture,
-    every other call allowed."""
+def _refusing_filter() -> bytes:
+    """A classic-BPF seccomp program for ``REFUSED_SYSCALLS``: ``EPERM`` for each refused call
+    of its architecture, every other call allowed. A tiny assembler: jumps name labels."""
+    load, jeq, jset, and_k, ret = 0x20, 0x15, 0x45, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ...
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    code: list[tuple[int, int, int | str, int | str]] = [(load, 4, 0, 0)]  # .arch
+    labels: dict[str, int] = {}
+    for n, (arch, mask, refused, clone, clone3) in enumerate(REFUSED_SYSCALLS):
+        code.append((jeq, arch, 0, f"next{n}"))
+        code += [(load, 0, 0, 0), (and_k, mask, 0, 0)]  # .nr
+        code += [(jeq, number, f"deny{n}", 0) for number in refused]
+        code += [(jeq, clone3, f"enosys{n}", 0), (jeq, clone, f"clone{n}", 0), (ret, allow, 0, 0)]
+        labels[f"clone{n}"] = len(code)
+        code += [(load, 16, 0, 0), (jset, CLONE_NEWUSER, f"deny{n}", 0), (ret, allow, 0, 0)]
+        labels[f"deny{n}"] = len(code)
+        code.append((ret, eperm, 0, 0))
+        labels[f"enosys{n}"] = len(code)
+        code.append((ret, enosys, 0, 0))
+        labels[f"next{n}"] = len(code)
+    code.append((ret, allow, 0, 0))
 
-    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-        return struct.pack("HBBI", code, jt, jf, k)
+    def to(target: int | str, at: int) -> int:
+        return target if isinstance(target, int) else labels[target] - at - 1
 
-    load, jeq, and_k, ret = 0x20, 0x15, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ALU|AND|K, RET|K
-    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
-    program = [op(load, 4)]  # seccomp_data.arch
-    for arch, numbers, mask in KEYRING_SYSCALLS:
-        block = [op(load, 0), op(and_k, mask)]  # seccomp_data.nr
-        for i, number in enumerate(numbers):
-            block.append(op(jeq, number, jt=len(numbers) - i))  # to ``deny``
-        block += [op(ret, allow), op(ret, deny)]
-        program += [op(jeq, arch, jf=len(block)), *block]  # another architecture: skip it
-    program.append(op(ret, allow))
-    return b"".join(program)
+    return b"".join(
+        struct.pack("HBBI", op, to(jt, i), to(jf, i), k) for i, (op, k, jt, jf) in enumerate(code)
+    )
 
 
-KEYRING_FILTER = _keyring_filter()
+REFUSING_FILTER = _refusing_filter()
 
 
 class _Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-class _KeyringSeal:
-    """What ``deny_keyrings`` needs, made once at import (in the zygote, before any fork): in
+class _SyscallSeal:
+    """What ``refuse_syscalls`` needs, made once at import (in the zygote, before any fork): in
     a freshly forked job, loading libc, building the program and the first foreign call took
     ~1.8 ms; the two ``prctl`` calls alone take microseconds."""
 
@@ -157,18 +179,18 @@ class _KeyringSeal:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.prctl = self.libc.prctl
         self.prctl.restype = ctypes.c_int
-        self.code = ctypes.create_string_buffer(KEYRING_FILTER, len(KEYRING_FILTER))
-        self.program = _Program(len(KEYRING_FILTER) // 8, ctypes.addressof(self.code))
+        self.code = ctypes.create_string_buffer(REFUSING_FILTER, len(REFUSING_FILTER))
+        self.program = _Program(len(REFUSING_FILTER) // 8, ctypes.addressof(self.code))
         self.pointer = ctypes.byref(self.program)
         self.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)  # the first foreign call: made here
 
 
 PR_GET_NO_NEW_PRIVS = 39
-_SEAL = _KeyringSeal()
+_SEAL = _SyscallSeal()
 
 
-def deny_keyrings() -> None:
-    """Install ``KEYRING_FILTER`` for this process and all it starts (``no_new_privs`` first,
+def refuse_syscalls() -> None:
+    """Install ``REFUSING_FILTER`` for this process and all it starts (``no_new_privs`` first,
     which bwrap has set already). Raises OSError where the kernel refuses."""
     if _SEAL.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")

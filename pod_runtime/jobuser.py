@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
-from pod_runtime.job_main import deny_keyrings, drop_to
+from pod_runtime.job_main import drop_to, refuse_syscalls
 
 JOB_UID = 65534
 """``nobody`` (and gid ``nogroup``) on Debian and most distributions; no file is its own."""
@@ -132,7 +132,7 @@ def main() -> NoReturn:
     if sep != "--" or not argv:
         raise SystemExit("usage: python -m pod_runtime.jobuser UID -- ARGV...")
     drop_to(int(uid))
-    deny_keyrings()
+    refuse_syscalls()
     os.execvp(argv[0], argv)
 
 

@@ -69,7 +69,7 @@ def sysv_listing(x):
 
 def kernel(numbers):
     import ctypes, errno
-    add_key, keyctl = numbers
+    add_key, keyctl, mq_open, unshare = numbers
     out = {"uid": os.getuid(), "node": os.uname().nodename}
     try:
         with open("/proc/sys/kernel/domainname", "w") as f:
@@ -85,6 +85,15 @@ def kernel(numbers):
         libc.syscall(keyctl, 3, key)  # KEYCTL_REVOKE: leave the host's keyring as it was
     found = libc.syscall(keyctl, 0, -4, 0)  # KEYCTL_GET_KEYRING_ID of @u
     out["keyctl"] = "allowed" if found >= 0 else errno.errorcode[ctypes.get_errno()]
+    queue = libc.syscall(mq_open, b"escape-q", os.O_CREAT | os.O_RDWR, 0o600, None)
+    out["mq_open"] = "allowed" if queue >= 0 else errno.errorcode[ctypes.get_errno()]
+    userns = libc.syscall(unshare, 0x10000000)  # CLONE_NEWUSER
+    out["unshare"] = "allowed" if userns >= 0 else errno.errorcode[ctypes.get_errno()]
+    import subprocess, threading
+    out["subprocess"] = subprocess.run(["true"]).returncode  # clone still works
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
     return out
 
 def browser_uid(x):
@@ -212,12 +221,12 @@ def test_wipe_paths_outside_the_pod_are_refused(agent: AgentProcess) -> None:
     assert status == 400 and body["error"]["field"] == "wipe"
 
 
-KEYRING_NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}
-"""add_key and keyctl, by machine."""
+KEYRING_NUMBERS = {"x86_64": (248, 250, 240, 272), "aarch64": (217, 219, 180, 97)}
+"""add_key, keyctl, mq_open and unshare, by machine."""
 
 
 @pytest.mark.parametrize("drop_jobs", [True, False], ids=["job-uid", "agent-uid"])
-def test_a_sandboxed_job_changes_no_kernel_setting_and_reaches_no_keyring(
+def test_a_sandboxed_job_changes_no_kernel_setting_and_reaches_no_keyring_queue_or_userns(
     agent_factory: Callable[..., AgentProcess], drop_jobs: bool
 ) -> None:
     """A job, even one kept at the agent's uid 0, wrote host-wide sysctls through its fresh
@@ -234,6 +243,8 @@ def test_a_sandboxed_job_changes_no_kernel_setting_and_reaches_no_keyring(
     seen = agent.run({**spec, "input": list(numbers)})["output"]
     assert Path("/proc/sys/kernel/domainname").read_text() == domain
     assert seen["sysctl"] != "allowed" and seen["add_key"] == seen["keyctl"] == "EPERM", seen
+    # A queue outlived the reset (it cannot list them); a user namespace mounted past the cap.
+    assert seen["mq_open"] == seen["unshare"] == "EPERM" and seen["subprocess"] == 0, seen
     assert (seen["uid"] == 65534) == (drop_jobs and os.geteuid() == 0), seen
 
 
