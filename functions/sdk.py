@@ -53,8 +53,9 @@ def _segment(value: str) -> str:
     """``value`` as one path segment: percent-encoded, so a job id or name of
     ``../functions/x`` (or with ``?``) cannot walk to another route. Before, ``firepool cancel
     ../functions/NAME`` deleted the function NAME (adversarial run). ``.`` and ``..``, which
-    no encoding keeps from being walked, are refused."""
-    if value in ("", ".", ".."):
+    no encoding keeps from being walked, are refused, and so is ``/`` (the server decodes
+    ``%2F`` before it routes: ``ID%2Flogs`` reached the logs route)."""
+    if value in ("", ".", "..") or "/" in value:  # the server decodes %2F before routing
         raise InvalidRequest(f"{value!r} is not a job id or name")
     return urllib.parse.quote(value, safe="")
 

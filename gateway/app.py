@@ -457,19 +457,23 @@ def pool_report(broker: Broker) -> dict[str, Any]:
     return {"pools": out, "budgets": budgets}
 
 
+@queries()
 async def healthz(request: Request) -> Response:
     return JSONResponse({"ok": True})
 
 
+@queries()
 async def readyz(request: Request) -> Response:
     ready = _broker(request).ready
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
 
+@queries()
 async def metrics(request: Request) -> Response:
     return Response(render_metrics(_broker(request)), media_type="text/plain; version=0.0.4")
 
 
+@queries()
 async def openapi(request: Request) -> Response:
     return JSONResponse(OPENAPI)
 

@@ -23,7 +23,7 @@ from gateway import PROCESS_STARTED
 from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.auth import Authenticator, Principal, load_or_create_key
 from gateway.dispatcher import Dispatcher
-from gateway.exclusive import BrokerLocks
+from gateway.exclusive import LOCK_CHECK_S, BrokerLocks
 from gateway.executor import Executor
 from gateway.jobs import Job
 from gateway.lifecycle import LogArchive, PodRecycler
@@ -89,6 +89,7 @@ class Broker:
         self._loop_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._gpu_task: asyncio.Task[None] | None = None
+        self._lock_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
         self.counters: Counter[str] = Counter()
@@ -158,6 +159,7 @@ class Broker:
         self._loop_task = loop.create_task(self.dispatcher.run())
         self._sweep_task = loop.create_task(self._retention_sweeps())
         self._gpu_task = loop.create_task(self._gpu_sweeps())
+        self._lock_task = loop.create_task(self._lock_checks())
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -167,6 +169,24 @@ class Broker:
             t_store - t0,
             t_recovered - t_store,
         )
+
+    async def _lock_checks(self) -> None:
+        """Keep this broker's locks (``BrokerLocks.check``). If another broker took one while
+        it was lost, this one stops taking and dispatching jobs (fail closed: two dispatchers
+        on one store run jobs twice), says so at ERROR and in ``/readyz``, and waits for its
+        operator."""
+        while True:
+            await asyncio.sleep(LOCK_CHECK_S)
+            try:
+                taken = await asyncio.to_thread(self.locks.check)
+            except Exception:
+                log.exception("checking this broker's locks failed; trying again")
+                continue
+            if taken is not None:
+                log.error("stopping: %s", taken)
+                self.accepting = self.ready = False
+                self.dispatcher.halt()
+                return
 
     async def _retention_sweeps(self) -> None:
         """Expire outputs past the result retention, and delete their logs."""
@@ -214,7 +234,7 @@ class Broker:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for task in (self._sweep_task, self._gpu_task):
+        for task in (self._sweep_task, self._gpu_task, self._lock_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

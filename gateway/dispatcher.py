@@ -467,7 +467,11 @@ class Dispatcher:
         # the store has it meanwhile.
         return self.starting.get(live.id, live)
 
-    async def stop(self, drain_s: float) -> None:
+    def halt(self) -> None:
+        """Dispatch nothing more (attempts under way finish, as the store allows)."""
         self._stopping = True
         self.wake()
+
+    async def stop(self, drain_s: float) -> None:
+        self.halt()
         await self._tasks.stop(drain_s)

@@ -18,6 +18,7 @@ or a job. ``acquire`` is idempotent; ``release`` frees both. Not thread-safe: on
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -28,10 +29,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from functions.errors import Conflict
-from gateway.store.engine import backend_of
+from gateway.store.engine import backend_of, sqlite_file
 
 LOCK_NAME_MAX = 64
 """MySQL's limit on a named lock's length."""
+LOCK_CHECK_S = 30.0
+"""How often a running broker makes sure its locks are still its own (``BrokerLocks.check``)."""
 
 
 class BrokerLocks:
@@ -41,8 +44,11 @@ class BrokerLocks:
         self.home = home
         self.store_url = store_url
         self._files: list[int] = []
+        self._paths: list[Path] = []
         self._engine: Engine | None = None
         self._conn: Connection | None = None
+        self._lock_name = ""
+        self._on_server = False
 
     @property
     def held(self) -> bool:
@@ -56,18 +62,66 @@ class BrokerLocks:
             self._lock_file(self.home / "broker.lock", f"the state directory {self.home}")
             url = make_url(self.store_url)
             if backend_of(url) == "sqlite":
-                db = Path(str(url.database)).expanduser().resolve()
-                self._lock_file(db.with_name(db.name + ".broker-lock"), f"the job store {db}")
+                db = sqlite_file(self.store_url)
+                self._lock_file(db, f"the job store {db}", note_pid=False)
             else:
+                self._on_server = True
                 self._lock_server(self.store_url)
         except BaseException:
             self.release()
             raise
 
+    def check(self) -> str | None:
+        """Make sure every lock is still this broker's (blocking; ``Broker`` calls it every
+        ``LOCK_CHECK_S``): a lock file whose path was removed or replaced is taken again at
+        its path, and a MySQL lock whose connection ended (``wait_timeout``, a server restart,
+        a dropped link: the server frees the lock silently) is taken again on a new one; the
+        checks also keep that connection from idling out. None if all are held again, else
+        what another broker now holds."""
+        for i, (fd, path) in enumerate(zip(self._files, self._paths, strict=True)):
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path)
+                same = (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+            except FileNotFoundError:
+                same = False
+            if not same:
+                try:
+                    self._lock_file(path, str(path), note_pid=i == 0)
+                except Conflict as exc:
+                    return exc.message
+                os.close(fd)
+                self._files[i] = self._files.pop()
+                self._paths[i] = self._paths.pop()
+        if self._on_server and not self._server_lock_held():
+            try:
+                self._lock_server(self.store_url)
+            except Conflict as exc:
+                return exc.message
+        return None
+
+    def _server_lock_held(self) -> bool:
+        try:
+            if self._conn is None:
+                return False
+            query = text("SELECT IS_USED_LOCK(:name) = CONNECTION_ID()")
+            held = self._conn.execute(query, {"name": self._lock_name}).scalar()
+            self._conn.commit()
+            return held == 1
+        except Exception:  # the connection is gone: so is the lock
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+            if self._engine is not None:
+                self._engine.dispose()
+            self._conn = self._engine = None
+            return False
+
     def release(self) -> None:
         for fd in self._files:
             os.close(fd)  # closing the descriptor drops its flock
         self._files.clear()
+        self._paths.clear()
         if self._conn is not None:
             self._conn.close()  # the server drops the connection's named locks
             self._conn = None
@@ -75,29 +129,40 @@ class BrokerLocks:
             self._engine.dispose()
             self._engine = None
 
-    def _lock_file(self, path: Path, what: str) -> None:
+    def _lock_file(self, path: Path, what: str, note_pid: bool = True) -> None:
+        """``flock`` ``path`` (created if missing). ``note_pid``: write this pid into it (the
+        home's lock file); the SQLite store is locked as its own file, which catches every
+        spelling of it (symlinks, hard links, URI forms), and SQLite's own locks are POSIX
+        record locks, independent of ``flock``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = "unknown"
+            if note_pid:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or holder
             os.close(fd)
             raise Conflict(
                 f"{what} is in use by another broker (pid {holder}); stop it first, or give "
                 "this one its own FIREPOOL_HOME and job store"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if note_pid:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._files.append(fd)
+        self._paths.append(path)
 
     def _lock_server(self, url: str) -> None:
-        schema = make_url(url).database or ""
+        self._engine = create_engine(url, poolclass=NullPool)
+        self._conn = self._engine.connect()
+        # The schema the connection is in, not the URL's text: ``/?database=x`` names the
+        # same schema as ``/x`` and took another lock (adversarial run).
+        schema = str(self._conn.execute(text("SELECT DATABASE()")).scalar() or "")
         name = f"firepool-broker:{schema}"
         if len(name) > LOCK_NAME_MAX:
             name = "firepool-broker:" + hashlib.sha256(schema.encode()).hexdigest()[:40]
-        self._engine = create_engine(url, poolclass=NullPool)
-        self._conn = self._engine.connect()
+        self._lock_name = name
         got = self._conn.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": name}).scalar()
         self._conn.commit()
         if got != 1:

@@ -41,10 +41,20 @@ def make_engines(url: str, settings: StoreSettings) -> tuple[Engine, Engine]:
     return _mysql_engines(parsed, settings)
 
 
+def sqlite_file(url: str | URL) -> Path:
+    """The file a SQLite URL names, absolute: ``sqlite:///path`` or its URI form
+    ``sqlite:///file:path?uri=true`` (whose ``database`` is ``file:path``, not a path)."""
+    parsed = make_url(url)
+    name = parsed.database or ""
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1") and name.startswith("file:"):
+        name = name[len("file:") :].partition("?")[0]
+    return Path(name).expanduser().resolve()
+
+
 def _sqlite_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
     if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
         raise ValueError("the job store needs a SQLite file, not an in-memory database")
-    Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    sqlite_file(url).parent.mkdir(parents=True, exist_ok=True)
     busy_ms = int(settings.busy_timeout_s * 1000)
 
     def pragmas(dbapi_conn: Any, _record: Any) -> None:

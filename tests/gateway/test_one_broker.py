@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from functions.errors import Conflict
 from gateway.exclusive import BrokerLocks
@@ -81,3 +84,72 @@ def test_two_brokers_on_one_mysql_store_are_refused(tmp_path: Path, mysql_url: s
     again = BrokerLocks(tmp_path / "b", url)
     again.acquire()  # the server dropped the lock with the first connection
     again.release()
+
+
+@pytest.mark.mysql
+def test_a_mysql_lock_is_one_per_schema_and_kept_through_a_lost_connection(
+    tmp_path: Path, mysql_url: str
+) -> None:
+    """``/?database=x`` took another lock than ``/x`` (the name came from the URL's text),
+    and a lock lost with its connection (``wait_timeout``, a server restart) was never taken
+    again: a second broker then started beside the first (adversarial run)."""
+    first = BrokerLocks(tmp_path / "a", mysql_url)
+    first.acquire()
+    try:
+        parsed = make_url(mysql_url)
+        spelled = parsed.set(database=None).update_query_dict({"database": parsed.database})
+        other = BrokerLocks(tmp_path / "b", spelled.render_as_string(hide_password=False))
+        with pytest.raises(Conflict):
+            other.acquire()
+        engine = create_engine(mysql_url, poolclass=NullPool)
+        with engine.connect() as conn:  # end the lock's connection, as the server would
+            holder = conn.execute(text(f"SELECT IS_USED_LOCK('{first._lock_name}')")).scalar()
+            conn.execute(text(f"KILL {int(holder)}"))
+        engine.dispose()
+        assert first.check() is None, "taken again on a new connection"
+        with pytest.raises(Conflict):
+            BrokerLocks(tmp_path / "c", mysql_url).acquire()
+    finally:
+        first.release()
+
+
+def test_every_spelling_of_one_sqlite_store_is_one_lock(tmp_path: Path) -> None:
+    """A ``file:...?uri=true`` URL put its lock beside a path relative to the working
+    directory, and a hard link to the store took another lock (adversarial run)."""
+    db = tmp_path / "a" / "jobs.db"
+    first = BrokerLocks(tmp_path / "a", f"sqlite:///{db}")
+    first.acquire()
+    (tmp_path / "c").mkdir()
+    os.link(db, tmp_path / "c" / "jobs.db")
+    try:
+        for n, url in enumerate(
+            [f"sqlite:///file:{db}?uri=true", f"sqlite:///{tmp_path}/c/jobs.db"]
+        ):
+            other = BrokerLocks(tmp_path / f"home{n}", url)
+            with pytest.raises(Conflict, match="the job store"):
+                other.acquire()
+    finally:
+        first.release()
+
+
+def test_a_lock_file_removed_under_a_running_broker_is_taken_again(tmp_path: Path) -> None:
+    """The lock was on the file, not its path: with ``broker.lock`` removed a second broker
+    started on the same home beside the first (adversarial run)."""
+    home = tmp_path / "home"
+    first = BrokerLocks(home, f"sqlite:///{home / 'jobs.db'}")
+    first.acquire()
+    try:
+        (home / "broker.lock").unlink()
+        assert first.check() is None  # taken again at its path
+        assert (home / "broker.lock").read_text() == f"{os.getpid()}\n"
+        second = BrokerLocks(home, f"sqlite:///{tmp_path / 'other.db'}")
+        with pytest.raises(Conflict):
+            second.acquire()
+        (home / "broker.lock").unlink()
+        second.acquire()  # another broker got in while the path was gone
+        try:
+            assert "in use by another broker" in (first.check() or "")
+        finally:
+            second.release()
+    finally:
+        first.release()

@@ -146,7 +146,8 @@ def test_job_records_match_the_declared_job_schema(broker_server: BrokerServer) 
 @pytest.mark.parametrize(
     ("path", "name"),
     [("/v1/jobs?stat=RUNNING", "stat"), ("/v1/jobs?limit=1&limt=1", "limt"),
-     ("/v1/functions?x=1", "x"), ("/v1/jobs/abc/logs?folow=1", "folow")],
+     ("/v1/functions?x=1", "x"), ("/v1/jobs/abc/logs?folow=1", "folow"),
+     ("/healthz?x=1", "x"), ("/metrics?x=1", "x"), ("/openapi.json?x=1", "x")],
 )  # fmt: skip
 def test_an_unknown_query_parameter_is_refused_by_name(
     broker_server: BrokerServer, path: str, name: str
