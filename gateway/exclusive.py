@@ -78,7 +78,7 @@ class BrokerLocks:
         a dropped link: the server frees the lock silently) is taken again on a new one; the
         checks also keep that connection from idling out. None if all are held again, else
         what another broker now holds."""
-        for i, (fd, path) in enumerate(zip(self._files, self._paths, strict=True)):
+        for i, (fd, path) in enumerate(list(zip(self._files, self._paths, strict=True))):
             held = os.fstat(fd)
             try:
                 now = os.stat(path)
@@ -154,6 +154,8 @@ class BrokerLocks:
         self._paths.append(path)
 
     def _lock_server(self, url: str) -> None:
+        if self._engine is not None:  # a connection that failed before: start afresh
+            self._engine.dispose()
         self._engine = create_engine(url, poolclass=NullPool)
         self._conn = self._engine.connect()
         # The schema the connection is in, not the URL's text: ``/?database=x`` names the
