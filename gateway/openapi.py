@@ -251,7 +251,7 @@ def build_openapi(
     reused_key = "the Idempotency-Key was used with another body"
     gone = {"410": "its output and logs are past the retention"}
     unavailable = {"404": "no such function", "413": "body too large"}
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "Firepool", "version": "1"},
         "components": {
@@ -420,3 +420,20 @@ def build_openapi(
             },
         },
     }
+    return _with_heads(document)
+
+
+def _with_heads(document: dict[str, Any]) -> dict[str, Any]:
+    """Declare ``HEAD`` beside every ``GET``: Starlette answers it for each (the headers of
+    the ``GET``, no body), and a document without it disagreed with the server."""
+    for ops in document["paths"].values():
+        get = ops.get("get")
+        if get is not None and "head" not in ops:
+            head = {k: v for k, v in get.items() if k not in ("responses", "summary")}
+            head["summary"] = f"{get['summary']} (headers only)"
+            head["responses"] = {
+                code: {"description": answer["description"]}
+                for code, answer in get["responses"].items()
+            }
+            ops["head"] = head
+    return document

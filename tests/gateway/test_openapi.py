@@ -173,3 +173,14 @@ def test_the_bearer_scheme_is_matched_in_any_case(broker_server: BrokerServer) -
             for scheme in ("Bearer", "bearer", "BEARER")
         ]
     assert answers == [200, 200, 200]
+
+
+def test_head_is_declared_where_the_server_answers_it(broker_server: BrokerServer) -> None:
+    """Starlette answers HEAD for every GET; the document declared it for none of them."""
+    token = broker_server.token("head-reader")
+    with httpx.Client(base_url=broker_server.url) as http:
+        for path in ("/healthz", "/metrics", "/v1/jobs"):
+            resp = http.head(path, headers={"Authorization": f"Bearer {token}"})
+            assert resp.status_code == 200 and "200" in OPENAPI["paths"][path]["head"]["responses"]
+    gets = {path for path, ops in OPENAPI["paths"].items() if "get" in ops}
+    assert gets <= {path for path, ops in OPENAPI["paths"].items() if "head" in ops}
