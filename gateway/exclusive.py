@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -37,14 +38,20 @@ LOCK_CHECK_S = 30.0
 """How often a running broker makes sure its locks are still its own (``BrokerLocks.check``)."""
 
 
+class _FileLock(NamedTuple):
+    fd: int
+    path: Path
+    note_pid: bool
+    """The home's lock file holds its broker's pid; the SQLite store is locked as it is."""
+
+
 class BrokerLocks:
     """The home's and the store's locks of one broker (see the module docstring)."""
 
     def __init__(self, home: Path, store_url: str) -> None:
         self.home = home
         self.store_url = store_url
-        self._files: list[int] = []
-        self._paths: list[Path] = []
+        self._files: list[_FileLock] = []
         self._engine: Engine | None = None
         self._conn: Connection | None = None
         self._lock_name = ""
@@ -78,21 +85,20 @@ class BrokerLocks:
         a dropped link: the server frees the lock silently) is taken again on a new one; the
         checks also keep that connection from idling out. None if all are held again, else
         what another broker now holds."""
-        for i, (fd, path) in enumerate(list(zip(self._files, self._paths, strict=True))):
-            held = os.fstat(fd)
+        for i, lock in enumerate(list(self._files)):
+            held = os.fstat(lock.fd)
             try:
-                now = os.stat(path)
+                now = os.stat(lock.path)
                 same = (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
             except FileNotFoundError:
                 same = False
             if not same:
                 try:
-                    self._lock_file(path, str(path), note_pid=i == 0)
+                    self._lock_file(lock.path, str(lock.path), lock.note_pid)
                 except Conflict as exc:
                     return exc.message
-                os.close(fd)
-                self._files[i] = self._files.pop()
-                self._paths[i] = self._paths.pop()
+                os.close(lock.fd)
+                self._files[i] = self._files.pop()  # the new lock, in the old one's place
         if self._on_server and not self._server_lock_held():
             try:
                 self._lock_server(self.store_url)
@@ -118,10 +124,9 @@ class BrokerLocks:
             return False
 
     def release(self) -> None:
-        for fd in self._files:
-            os.close(fd)  # closing the descriptor drops its flock
+        for lock in self._files:
+            os.close(lock.fd)  # closing the descriptor drops its flock
         self._files.clear()
-        self._paths.clear()
         if self._conn is not None:
             self._conn.close()  # the server drops the connection's named locks
             self._conn = None
@@ -150,8 +155,7 @@ class BrokerLocks:
         if note_pid:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._files.append(fd)
-        self._paths.append(path)
+        self._files.append(_FileLock(fd, path, note_pid))
 
     def _lock_server(self, url: str) -> None:
         if self._engine is not None:  # a connection that failed before: start afresh

@@ -23,7 +23,7 @@ from typing import Any
 
 from functions.errors import ErrorClass
 from functions.nesting import MAX_NESTING, json_within
-from functions.spec import FunctionSpec
+from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.jobs import Job, JsonText
 from pod_runtime.deps import INSTALL_TIMEOUT_S
@@ -31,15 +31,18 @@ from pod_runtime.deps import INSTALL_TIMEOUT_S
 GRACE_S = 30.0
 
 
-def attempt_deadline_s(timeout_s: float, spec: FunctionSpec) -> float:
+def attempt_deadline_s(job_timeout_s: float | None, spec: FunctionSpec | None) -> float:
     """How long the broker waits for an attempt's outcome before it counts the pod lost: the
-    job's ``timeout_s`` (the agent enforces it from the job's process), the grace, and for a
-    function with requirements the agent's install budget, which comes before the job's
-    clock starts. Without it a slow install (a hanging index) was cut at ``timeout_s`` plus
-    the grace and ended ``PodLost``, retried on new pods, instead of the agent's own
-    ``DependencyInstallFailed`` (adversarial run: 36 s and 3 pods per call)."""
+    job's own ``timeout_s``, else its function's (the agent enforces it from the job's
+    process), the grace, and for a function with requirements the agent's install budget,
+    which comes before the job's clock starts. Without it a slow install (a hanging index)
+    was cut at ``timeout_s`` plus the grace and ended ``PodLost``, retried on new pods,
+    instead of the agent's own ``DependencyInstallFailed`` (adversarial run: 36 s and 3 pods
+    per call). ``spec`` None (a function gone, after a restart): the longest any may take."""
+    if spec is None:
+        return (job_timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S
     install = INSTALL_TIMEOUT_S if spec.requirements_digest else 0.0
-    return timeout_s + GRACE_S + install
+    return (job_timeout_s or spec.timeout_s) + GRACE_S + install
 
 
 @dataclass(slots=True)
@@ -185,7 +188,7 @@ class Executor:
         }
 
     async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
-        timeout = attempt_deadline_s(job.timeout_s or spec.timeout_s, spec)
+        timeout = attempt_deadline_s(job.timeout_s, spec)
         world = len(pods)
         port = _free_port() if world > 1 else 0
         specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]

@@ -27,12 +27,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from functions.errors import ErrorClass
-from functions.spec import MAX_TIMEOUT_S
 from gateway.agent_client import AgentUnreachable
-from gateway.executor import GRACE_S, Outcome, attempt_deadline_s
+from gateway.executor import Outcome, attempt_deadline_s
 from gateway.jobs import Job
 from gateway.retry_policy import decide
-from pod_runtime.deps import INSTALL_TIMEOUT_S
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
 from pool_manager.states import TERMINAL_JOB_STATES, JobState, PodState
@@ -256,9 +254,6 @@ async def _reattach(broker: Broker, job: Job, pods: list[str]) -> None:
     except Exception as exc:
         log.warning("job %s: loading %s v%s failed: %r", job.id, job.function, job.version, exc)
         spec = None
-    if spec is None:  # unknown: wait as long as any attempt may take
-        timeout = (job.timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S
-    else:  # the agent was given the job's, else the function's (executor.attempt_spec)
-        timeout = attempt_deadline_s(job.timeout_s or spec.timeout_s, spec)
+    timeout = attempt_deadline_s(job.timeout_s, spec)  # as long as a dispatched attempt
     outcome = await broker.dispatcher.executor.reattach(pods, attempt_id, timeout)
     await broker.dispatcher.finish(job, pods, outcome, cancel_may_be_lost=True)
