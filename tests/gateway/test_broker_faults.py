@@ -9,6 +9,7 @@ for it. What is patched is the one call the dispatcher guards; everything around
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import os
 import signal
@@ -202,7 +203,10 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
             agent = UnixHTTPConnection(broker.pods.endpoints[pod].removeprefix("unix:"), 10.0)
             try:
                 agent.request("POST", "/reset", body=b"{}")
-                assert agent.getresponse().status == 200
+                # The broker may delete the pod (lost under its job) before the agent
+                # answers this reset: then the connection closes with no answer.
+                with contextlib.suppress(http.client.RemoteDisconnected, ConnectionError):
+                    assert agent.getresponse().status == 200
             finally:
                 agent.close()
             job = fp.wait(job_id, timeout_s=60)
