@@ -282,7 +282,7 @@ async def submit_job(request: Request) -> Response:
 async def _invoke(request: Request, name: str, sync: bool) -> Response:
     broker = _broker(request)
     if not broker.accepting:
-        raise Unavailable("the broker is shutting down")
+        raise Unavailable(broker.refusal)
     principal = _principal(request)
     raw = await _json_body(request)
     body = decode(raw, INVOKE_FIELDS)

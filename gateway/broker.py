@@ -23,7 +23,7 @@ from gateway import PROCESS_STARTED
 from gateway.agent_client import AgentClient, AgentUnreachable
 from gateway.auth import Authenticator, Principal, load_or_create_key
 from gateway.dispatcher import Dispatcher
-from gateway.exclusive import LOCK_CHECK_S, BrokerLocks
+from gateway.exclusive import BrokerLocks
 from gateway.executor import Executor
 from gateway.jobs import Job
 from gateway.lifecycle import LogArchive, PodRecycler
@@ -92,6 +92,8 @@ class Broker:
         self._lock_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
+        self.refusal = "the broker is shutting down"
+        """Why new jobs are refused once ``accepting`` is False (the API's 503 says it)."""
         self.counters: Counter[str] = Counter()
 
     @property
@@ -176,7 +178,7 @@ class Broker:
         on one store run jobs twice), says so at ERROR and in ``/readyz``, and waits for its
         operator."""
         while True:
-            await asyncio.sleep(LOCK_CHECK_S)
+            await asyncio.sleep(self.settings.lock_check_s)
             try:
                 taken = await asyncio.to_thread(self.locks.check)
             except Exception:
@@ -184,6 +186,7 @@ class Broker:
                 continue
             if taken is not None:
                 log.error("stopping: %s", taken)
+                self.refusal = f"the broker stopped taking jobs: {taken}"
                 self.accepting = self.ready = False
                 self.dispatcher.halt()
                 return

@@ -34,8 +34,6 @@ from gateway.store.engine import backend_of, sqlite_file
 
 LOCK_NAME_MAX = 64
 """MySQL's limit on a named lock's length."""
-LOCK_CHECK_S = 30.0
-"""How often a running broker makes sure its locks are still its own (``BrokerLocks.check``)."""
 
 
 class _FileLock(NamedTuple):
@@ -43,6 +41,8 @@ class _FileLock(NamedTuple):
     path: Path
     note_pid: bool
     """The home's lock file holds its broker's pid; the SQLite store is locked as it is."""
+    what: str
+    """What the lock guards, as a refusal names it (``the state directory …``)."""
 
 
 class BrokerLocks:
@@ -80,11 +80,11 @@ class BrokerLocks:
 
     def check(self) -> str | None:
         """Make sure every lock is still this broker's (blocking; ``Broker`` calls it every
-        ``LOCK_CHECK_S``): a lock file whose path was removed or replaced is taken again at
-        its path, and a MySQL lock whose connection ended (``wait_timeout``, a server restart,
-        a dropped link: the server frees the lock silently) is taken again on a new one; the
-        checks also keep that connection from idling out. None if all are held again, else
-        what another broker now holds."""
+        ``Settings.lock_check_s``, 30 s): a lock file whose path was removed or replaced is taken
+        again at its path, and a MySQL lock whose connection ended (``wait_timeout``, a server
+        restart, a dropped link: the server frees the lock silently) is taken again on a new one;
+        the checks also keep that connection from idling out. None if all are held again, else what
+        another broker now holds."""
         for i, lock in enumerate(list(self._files)):
             held = os.fstat(lock.fd)
             try:
@@ -94,7 +94,7 @@ class BrokerLocks:
                 same = False
             if not same:
                 try:
-                    self._lock_file(lock.path, str(lock.path), lock.note_pid)
+                    self._lock_file(lock.path, lock.what, lock.note_pid)
                 except Conflict as exc:
                     return exc.message
                 os.close(lock.fd)
@@ -155,7 +155,7 @@ class BrokerLocks:
         if note_pid:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._files.append(_FileLock(fd, path, note_pid))
+        self._files.append(_FileLock(fd, path, note_pid, what))
 
     def _lock_server(self, url: str) -> None:
         if self._engine is not None:  # a connection that failed before: start afresh

@@ -58,6 +58,11 @@ class Settings:
     """How often outputs past the store's result retention are expired (and logs deleted)."""
     gpu_sweep_s: float = 10.0
     """How often each GPU's exclusivity is re-verified (standby promotion needs it)."""
+    lock_check_s: float = 30.0
+    """How often the broker makes sure its home's and store's locks are still its own
+    (``gateway.exclusive.BrokerLocks.check``; FIREPOOL_LOCK_CHECK_S, > 0). The checks also
+    keep a MySQL lock's connection from idling out, so keep it well under the server's
+    ``wait_timeout``."""
     drain_s: float = 10.0
     """On shutdown: stop intake, wait this long for running jobs, then cancel."""
     max_body_bytes: int = 512 * 1024 * 1024
@@ -86,13 +91,17 @@ class Settings:
             result_retention_s=_seconds_from(env, "FIREPOOL_RESULT_RETENTION_S", 7 * 86400.0),
             idempotency_retention_s=_seconds_from(env, "FIREPOOL_IDEMPOTENCY_RETENTION_S", 86400.0),
             retention_sweep_s=_seconds_from(env, "FIREPOOL_RETENTION_SWEEP_S", 60.0),
+            lock_check_s=_seconds_from(env, "FIREPOOL_LOCK_CHECK_S", 30.0, positive=True),
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
-def _seconds_from(env: Mapping[str, str], name: str, default: float) -> float:
-    """``env[name]`` as a number of seconds >= 0 (``default`` when unset); ``InvalidRequest``
-    naming the variable otherwise (it was a ValueError traceback)."""
+def _seconds_from(
+    env: Mapping[str, str], name: str, default: float, positive: bool = False
+) -> float:
+    """``env[name]`` as a number of seconds >= 0 (``positive``: > 0 and finite, for an
+    interval a loop sleeps) (``default`` when unset); ``InvalidRequest`` naming the variable
+    otherwise (it was a ValueError traceback)."""
     text = env.get(name)
     if text is None:
         return default
@@ -100,6 +109,8 @@ def _seconds_from(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
+    if positive and not 0 < value < math.inf:
+        raise InvalidRequest(f"{name} must be a number of seconds > 0, not {text!r}", field=name)
     if not value >= 0:  # NaN fails too; inf means never
         raise InvalidRequest(f"{name} must be a number of seconds >= 0, not {text!r}", field=name)
     return value

@@ -8,17 +8,21 @@ running jobs and ran them twice. Now the second is refused before it touches a p
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from functions.errors import Conflict
+from functions.sdk import ApiError
 from gateway.exclusive import BrokerLocks
 from gateway.harness import REPO, kill_pods, start_broker
 
@@ -153,3 +157,39 @@ def test_a_lock_file_removed_under_a_running_broker_is_taken_again(tmp_path: Pat
             second.release()
     finally:
         first.release()
+
+
+def test_a_running_broker_that_lost_its_home_lock_to_another_stops_dispatching(
+    tmp_path: Path,
+) -> None:
+    """The broker's own loop around ``check`` (``Broker._lock_checks``): a lock taken by
+    another process while the path was gone stops this broker (fail closed), ``/readyz``
+    says 503, and an invoke is refused rather than queued; one whose lock is only removed
+    takes it again and serves on."""
+    home = tmp_path / "home"
+    catalog = "pools:\n  cpu: {min_count: 0, max_count: 1}\n"
+    server = start_broker(home, catalog, extra_env={"FIREPOOL_LOCK_CHECK_S": "0.2"})
+    lock = home / "broker.lock"
+    try:
+        lock.unlink()
+        time.sleep(1.0)  # five checks
+        assert lock.read_text() == f"{server.proc.pid}\n", "taken again at its path"
+        assert httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200
+        lock.unlink()
+        with lock.open("w") as other:  # another broker gets in while the path is gone
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            other.write("1\n")
+            other.flush()
+            deadline = time.monotonic() + 10
+            while httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200:
+                assert time.monotonic() < deadline, "the broker never noticed"
+                time.sleep(0.05)
+            with server.client("alice") as client, pytest.raises(ApiError) as refused:
+                client.invoke("noop", {})
+            assert refused.value.status == 503, refused.value
+            assert "stopped taking jobs: the state directory" in str(refused.value)
+            assert server.proc.poll() is None, "it stops dispatching, and waits for its operator"
+    finally:
+        server.stop()
+        kill_pods(home)
+    assert "stopping: the state directory" in server.log()
