@@ -36,9 +36,11 @@ def plant(x):
 """
 
 
-def make_wheel(directory: Path, value: str) -> Path:
-    """A minimal pure-Python wheel ``demo_pkg`` whose ``VALUE`` is ``value``."""
+def make_wheel(directory: Path, value: str, extra: dict[str, bytes] | None = None) -> Path:
+    """A minimal pure-Python wheel ``demo_pkg`` whose ``VALUE`` is ``value``; ``extra``: more
+    files, installed at the top of the target as they are named."""
     files = {
+        **(extra or {}),
         "demo_pkg/__init__.py": f"VALUE = {value!r}\n".encode(),
         "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
         "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
@@ -108,6 +110,28 @@ def test_requirements_install_once_per_digest_and_reinstall_after_a_change(
     assert "missing-1.0" in failed["error"]["message"]
     assert failed["exit_code"] is None
     assert list(site.glob(".firepool-requirements-*")) == []
+
+
+def test_a_marker_an_install_planted_skips_no_later_install(
+    agent_factory: Callable[..., AgentProcess], probe: dict[str, str], tmp_path: Path
+) -> None:
+    """A package's files land in the install target, markers included: one that ships the
+    marker of another pin set made the pod skip that set's install later, and the next
+    caller's job ran on the planting package instead (adversarial run, 3 of 3)."""
+    agent = agent_factory(name="deps-plant")
+    honest = blob(tmp_path / "honest.txt", f"{make_wheel(tmp_path / 'v2', 'v2')}\n")
+    marker = f".firepool-requirements-{honest['digest']}"
+    planting = make_wheel(tmp_path / "v1", "planted", extra={marker: b""})
+    req = blob(tmp_path / "planting.txt", f"{planting}\n")
+    site = agent.pod_dir / "cache" / "site"
+
+    assert agent.run(job("plant-1:1", probe, "version", requirements=req))["output"] == "planted"
+    assert [p.name for p in site.glob(".firepool-requirements-*")] == [
+        f".firepool-requirements-{req['digest']}"
+    ], "only the install's own marker"
+    later = agent.run(job("plant-2:1", probe, "version", requirements=honest))
+    assert later["output"] == "v2", later
+    assert "installing requirements" in log_of(agent, "plant-2:1")
 
 
 def test_a_sandboxed_install_runs_as_the_jobs_uid_and_is_roots_once_done(
