@@ -391,7 +391,8 @@ def build_openapi(
             },
             "/v1/pools": {
                 "get": _op(
-                    "Pools: pods by state and role, queue, holds, budgets and held unit-seconds",
+                    "Pools: pods by state and role, queue, holds, pods failing to start, "
+                    "budgets and held unit-seconds",
                     params=[_switch("pods", "list every pod too")],
                 )
             },

@@ -30,6 +30,28 @@ READY_PROBE_MAX_S = 0.2
 READY_PROBE_FRACTION = 0.1
 EXITED_CHECK_S = 0.5
 """How often a pod that is not ready yet is checked for having stopped (``PodBackend.exited``)."""
+CREATE_BACKOFF_MIN_S = 1.0
+CREATE_BACKOFF_MAX_S = 60.0
+"""A pool whose pods fail to start (the backend refuses the create, or the pod stops or never
+answers before it is ready) gets no new create for 1 s after the first failure, doubling to
+60 s; the first pod of the pool that becomes ready ends it. (Without it a create the backend
+always refuses, a GPU pool on a host without that GPU, was retried in a tight loop: 11,000 to
+16,000 log lines in 10 s and half a core, adversarial run.)"""
+
+
+class CreateFailures:
+    """One pool's pods failing to start, in a row (``PodManager.create_failures``)."""
+
+    __slots__ = ("count", "last_error", "until")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_error = ""
+        self.until = 0.0
+        """Event-loop time before which the pool gets no create."""
+
+    def backoff_s(self) -> float:
+        return min(CREATE_BACKOFF_MAX_S, CREATE_BACKOFF_MIN_S * 2 ** max(0, self.count - 1))
 
 
 def ready_probe_delay(elapsed_s: float) -> float:
@@ -63,12 +85,26 @@ class PodManager:
         self._tasks = BackgroundTasks()
         self._deleting: set[str] = set()
         self._pending_notes: dict[str, dict[str, str | None]] = {}
+        self.create_failures: dict[str, CreateFailures] = {}
+        """Per pool, its pods failing to start in a row (cleared by one becoming ready)."""
 
     def apply(self, action: CreatePod | DeletePod) -> None:
         if isinstance(action, CreatePod):
             name = f"{action.sku}-{secrets.token_hex(4)}"
             pool = self.catalog.pool(action.sku)
             now = self.clock()
+            failing = self.create_failures.get(action.sku)
+            if failing is not None and asyncio.get_running_loop().time() < failing.until:
+                # Backing off: dropped as a failed create is (its reserved units released),
+                # without asking the backend or waking the dispatcher; the wake comes when
+                # the backoff ends.
+                if self.tracker.add_pod(
+                    PodInfo(name=name, sku=action.sku, created=now, role=action.role,
+                            gpu=action.gpu, template=pool.template),
+                    now,
+                ):  # fmt: skip
+                    self.tracker.pod_gone(name, now)
+                return
             tracked = self.tracker.add_pod(
                 PodInfo(
                     name=name,
@@ -90,17 +126,32 @@ class PodManager:
         try:
             pod = await self.backend.create(name, pool, role=action.role, gpu=action.gpu)
         except Exception as exc:
-            log.warning("create of pod %s failed: %r", name, exc)
+            self._failed(action.sku, f"create of pod {name} failed: {exc!r}")
             self.tracker.pod_gone(name, self.clock())
             self.on_change()
             return
         self.endpoints[name] = pod.endpoint
         if await self.wait_ready(name, pod.endpoint):
+            self.create_failures.pop(action.sku, None)
             self.tracker.pod_ready(name, self.clock(), gpu=pod.gpu)
             self.on_change()
-        else:
-            log.warning("pod %s never became ready; deleting it", name)
+        elif name not in self._deleting:  # not deleted on purpose while it started
+            self._failed(action.sku, f"pod {name} never became ready")
             self.delete(name, "never became ready")
+
+    def _failed(self, sku: str, error: str) -> None:
+        """A pod of ``sku`` failed to start: back the pool off, say so once per failure, and
+        wake the dispatcher when the backoff ends (its creates were dropped meanwhile)."""
+        failing = self.create_failures.setdefault(sku, CreateFailures())
+        loop = asyncio.get_running_loop()
+        if loop.time() >= failing.until:  # pods that failed together are one failure
+            failing.count += 1
+        failing.last_error = error
+        delay = failing.backoff_s()
+        failing.until = loop.time() + delay
+        log.warning("%s; pool %s gets no new pod for %.0f s (failure %d in a row)",
+                    error, sku, delay, failing.count)  # fmt: skip
+        loop.call_later(delay, self.on_change)
 
     async def wait_ready(self, name: str, endpoint: str) -> bool:
         """Probe the agent until it answers (``ready_probe_delay`` apart), the pod is being
