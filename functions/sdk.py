@@ -116,7 +116,8 @@ class Client:
 
     # -- packages and functions ---------------------------------------------------------
     def upload(self, data: bytes, content_type: str = "application/zip") -> str:
-        """Upload bytes content-addressed (skipped when the server has them); return digest.
+        """Upload bytes content-addressed (skipped when the server has them from this caller:
+        only the callers who uploaded a package may use it); return digest.
         ``application/zip`` is checked as a package; anything else (a requirements file,
         ``text/plain``) is stored as it is."""
         digest = sha256_hex(data)

@@ -185,15 +185,16 @@ def _broker(request: Request) -> Broker:
 @queries()
 async def put_package(request: Request) -> Response:
     broker = _broker(request)
-    _principal(request, Role.DEPLOY)
+    principal = _principal(request, Role.DEPLOY)
     digest = request.path_params["sha256"]
-    if request.method == "HEAD":
-        return Response(status_code=200 if broker.packages.exists(digest) else 404)
+    if request.method == "HEAD":  # 200 only to a caller who may use it: no existence oracle
+        usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
+        return Response(status_code=200 if usable else 404)
     body = await read_body(request, broker.settings.max_body_bytes)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
     check = check_package_file if is_zip else None
     created = await asyncio.to_thread(broker.packages.put, digest, body, check)
-    await broker.jobs.put_package(digest, len(body))
+    await broker.jobs.put_package(digest, len(body), principal.caller)
     return JSONResponse(
         {"digest": digest, "size": len(body), "created": created},
         status_code=201 if created else 200,
@@ -242,10 +243,26 @@ async def create_function(request: Request) -> Response:
     return JSONResponse(stored.to_json(), status_code=201)
 
 
+FUNCTION_PRIVATE_FIELDS = ("env", "command", "package_digest", "requirements")
+"""What only a function's owner (or an admin) sees of it: its environment holds secrets, its
+command may, and its digests name code that is theirs (the adversarial run read another
+caller's API token from ``env`` with an invoke-only token)."""
+
+
+def function_view(spec: FunctionSpec, principal: Principal) -> dict[str, Any]:
+    """``spec`` as ``principal`` may see it: whole for its owner or an admin; without
+    ``FUNCTION_PRIVATE_FIELDS`` for every other caller, who may still invoke it."""
+    data = spec.to_json()
+    if principal.caller != spec.owner and not principal.is_admin:
+        for key in FUNCTION_PRIVATE_FIELDS:
+            del data[key]
+    return data
+
+
 async def list_functions(request: Request) -> Response:
-    _principal(request)
+    principal = _principal(request)
     specs = await _broker(request).jobs.list_functions()
-    return JSONResponse({"functions": [s.to_json() for s in specs]})
+    return JSONResponse({"functions": [function_view(s, principal) for s in specs]})
 
 
 @queries()
@@ -265,8 +282,8 @@ async def function_target(request: Request) -> Response:
         if not await broker.delete_function(name, caller):
             raise NotFound(f"no function named {name!r}")
         return JSONResponse({"deleted": name})
-    _principal(request)
-    return JSONResponse((await broker.latest_function(name)).to_json())
+    principal = _principal(request)
+    return JSONResponse(function_view(await broker.latest_function(name), principal))
 
 
 @queries()

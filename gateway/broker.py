@@ -296,12 +296,14 @@ class Broker:
                 f"({most}: its max_count, and its {pool.accelerator} budget)",
                 field="pods",
             )
-        if not self.packages.exists(spec.package_digest):
+        if not await self.may_use_package(spec.package_digest, spec.owner, as_admin):
             raise InvalidRequest(
                 "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
             )
         await asyncio.to_thread(check_package_file, self.packages.path(spec.package_digest))
-        if spec.requirements_digest and not self.packages.exists(spec.requirements_digest):
+        if spec.requirements_digest and not await self.may_use_package(
+            spec.requirements_digest, spec.owner, as_admin
+        ):
             raise InvalidRequest("upload the requirements file first", field="requirements")
         self._forget_latest(spec.name)
         try:
@@ -312,6 +314,14 @@ class Broker:
             self._forget_latest(spec.name)
         self.dispatcher.specs[(stored.name, stored.version)] = stored
         return stored
+
+    async def may_use_package(self, digest: str, caller: str, as_admin: bool) -> bool:
+        """Whether the package ``digest`` is stored and ``caller`` may register functions on
+        it: an admin, or a caller who uploaded its bytes (``JobStore.uploaded_by``). Every
+        other caller is told it is not there (no existence oracle)."""
+        if not self.packages.exists(digest):
+            return False
+        return as_admin or await self.jobs.uploaded_by(digest, caller)
 
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an

@@ -37,7 +37,7 @@ from gateway.store.engine import backend_of, make_engines
 from gateway.store.schema import ensure_schema
 from gateway.store.settings import StoreSettings
 from gateway.store.statements import JobStatements
-from gateway.store.tables import functions, jobs, packages
+from gateway.store.tables import functions, jobs, package_uploaders, packages
 from gateway.store.writer import GroupCommitWriter, WriterStats
 from pool_manager.states import IllegalTransition, JobState
 
@@ -255,14 +255,22 @@ class JobStore:
             functools.partial(writes.delete_function, name=name, caller=caller)
         )
 
-    async def put_package(self, digest: str, size: int) -> None:
-        """Record an uploaded package (idempotent)."""
-        op = functools.partial(writes.put_package, digest=digest, size=size, created=self._clock())
+    async def put_package(self, digest: str, size: int, uploader: str) -> None:
+        """Record an uploaded package and that ``uploader`` sent its bytes (idempotent)."""
+        op = functools.partial(
+            writes.put_package, digest=digest, size=size, created=self._clock(), uploader=uploader
+        )
         await self._writer.run(op)
 
     async def has_package(self, digest: str) -> bool:
         rows = await self._read_rows(select(packages.c.digest).where(packages.c.digest == digest))
         return bool(rows)
+
+    async def uploaded_by(self, digest: str, caller: str) -> bool:
+        """Whether ``caller`` uploaded the package ``digest`` (``put_package``)."""
+        by = package_uploaders.c
+        stmt = select(by.digest).where(by.digest == digest, by.caller == caller)
+        return bool(await self._read_rows(stmt))
 
     # -- reads ----------------------------------------------------------------------------
 

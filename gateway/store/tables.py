@@ -103,6 +103,20 @@ class PackageRow(Base):
     created: Mapped[float] = mapped_column(Double)
 
 
+class PackageUploaderRow(Base):
+    """A caller who uploaded a package's bytes: only they (or an admin) may register a
+    function on it, or learn it is stored (migration 0003). Content addressing dedupes the
+    bytes, not the right to use them: knowing a digest is not having the code."""
+
+    __tablename__ = "package_uploaders"
+    __table_args__ = ({"mysql_charset": "utf8mb4"},)
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    caller: Mapped[str] = mapped_column(String(255), primary_key=True)
+    created: Mapped[float] = mapped_column(Double)
+
+
 jobs = cast(Table, JobRow.__table__)
 functions = cast(Table, FunctionRow.__table__)
 packages = cast(Table, PackageRow.__table__)
+package_uploaders = cast(Table, PackageUploaderRow.__table__)

@@ -19,7 +19,7 @@ from sqlalchemy import false, func, insert, select, update
 from functions.errors import Forbidden, IdempotencyMismatch, NotFound
 from gateway.store.errors import StaleRevision
 from gateway.store.statements import JobStatements, cas_params
-from gateway.store.tables import functions, jobs, packages
+from gateway.store.tables import functions, jobs, package_uploaders, packages
 from gateway.store.writer import WriteContext
 from pool_manager.states import TERMINAL_JOB_STATES, IllegalTransition, JobState
 
@@ -147,11 +147,20 @@ def delete_function(ctx: WriteContext, name: str, caller: str | None = None) -> 
     return result.rowcount > 0
 
 
-def put_package(ctx: WriteContext, digest: str, size: int, created: float) -> None:
-    """Record a package once; a digest already known is left as it is."""
+def put_package(ctx: WriteContext, digest: str, size: int, created: float, uploader: str) -> None:
+    """Record a package once, and ``uploader`` once among its uploaders; what is already
+    known is left as it is. (One writer thread applies writes in order, so the read and the
+    insert cannot race another upload of the same digest.)"""
     known = ctx.conn.execute(select(packages.c.digest).where(packages.c.digest == digest)).first()
     if known is None:
         ctx.conn.execute(insert(packages).values(digest=digest, size=size, created=created))
+    by = package_uploaders.c
+    if ctx.conn.execute(
+        select(by.digest).where(by.digest == digest, by.caller == uploader)
+    ).first() is None:  # fmt: skip
+        ctx.conn.execute(
+            insert(package_uploaders).values(digest=digest, caller=uploader, created=created)
+        )
 
 
 def expire_outputs(ctx: WriteContext, cutoff: float, limit: int) -> list[str]:

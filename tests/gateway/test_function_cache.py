@@ -9,8 +9,9 @@ import asyncio
 
 import httpx
 
+from functions.packaging import package_digest
 from gateway.auth import Role
-from tests.conftest import BrokerServer
+from tests.conftest import EXAMPLES, BrokerServer
 
 
 async def test_a_function_deleted_while_it_is_being_read_stays_deleted(
@@ -18,8 +19,9 @@ async def test_a_function_deleted_while_it_is_being_read_stays_deleted(
 ) -> None:
     token = broker_server.token("cache-dev", Role.DEPLOY)
     headers = {"Authorization": f"Bearer {token}"}
+    with broker_server.client("cache-dev", Role.DEPLOY) as fp:  # the package is theirs too
+        digest = fp.upload(package_digest(EXAMPLES / "noop")[1])
     async with httpx.AsyncClient(base_url=broker_server.url, headers=headers, timeout=60) as c:
-        digest = (await c.get("/v1/functions/noop")).json()["package_digest"]
 
         def body(name: str) -> dict[str, str]:
             return {"name": name, "sku": "cpu", "package_digest": digest, "entrypoint": "noop:noop"}

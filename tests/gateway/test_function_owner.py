@@ -3,6 +3,8 @@ registering a version of it or deleting it, an admin may do both (API over real 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from functions.sdk import ApiError
@@ -25,3 +27,41 @@ def test_only_the_owner_or_an_admin_changes_a_function(broker_server: BrokerServ
         assert "belongs to 'owner-alice'" in refused.message
     with broker_server.client("owner-ops", Role.ADMIN) as ops:
         assert ops.delete_function("owned") == {"deleted": "owned"}
+
+
+def test_a_function_s_secrets_and_code_are_its_owner_s(
+    broker_server: BrokerServer, tmp_path: Path
+) -> None:
+    """Adversarial run (4 of 4): an invoke-only token read every caller's function ``env``
+    (an API token among them) and package digests; another deployer registered a function
+    on that digest without ever uploading it, and his job printed the owner's source; and
+    ``HEAD /v1/packages/{digest}`` told any deployer which packages were stored."""
+    code = tmp_path / "secret"
+    code.mkdir()
+    (code / "secret_fn.py").write_text("SOURCE = 'alice-only'\ndef run(x):\n    return x\n")
+    with broker_server.client("pkg-alice", Role.DEPLOY) as alice:
+        mine = alice.deploy(code, name="alice-secret", sku="cpu", entrypoint="secret_fn:run",
+                            env={"ALICE_API_TOKEN": "s3cret"})  # fmt: skip
+        assert alice.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}
+    digest = mine["package_digest"]
+    with broker_server.client("pkg-carol") as carol:
+        seen = [carol.function("alice-secret")] + [
+            f for f in carol.functions() if f["name"] == "alice-secret"
+        ]
+        assert carol.invoke("alice-secret", 7)["output"] == 7, "anyone may still call it"
+    for view in seen:
+        assert view["owner"] == "pkg-alice" and view["entrypoint"] == "secret_fn:run"
+        assert not {"env", "command", "package_digest", "requirements"} & view.keys(), view
+    with broker_server.client("pkg-bob", Role.DEPLOY) as bob:
+        assert bob._http.head(f"/v1/packages/{digest}").status_code == 404
+        with pytest.raises(ApiError) as stolen:
+            bob._request("POST", "/v1/functions", json={
+                "name": "bob-reads", "sku": "cpu", "package_digest": digest,
+                "entrypoint": "secret_fn:run",
+            })  # fmt: skip
+        assert (stolen.value.status, stolen.value.field) == (400, "package_digest")
+        # Whoever has the bytes may use them: uploading them makes them Bob's too.
+        bob.deploy(code, name="bob-has-it", sku="cpu", entrypoint="secret_fn:run")
+        assert bob._http.head(f"/v1/packages/{digest}").status_code == 200
+    with broker_server.client("pkg-ops", Role.ADMIN) as ops:
+        assert ops.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}

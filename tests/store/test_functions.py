@@ -85,8 +85,8 @@ async def test_deleting_an_unknown_function_returns_false(store: JobStore) -> No
 async def test_packages_are_recorded_once(store: JobStore) -> None:
     digest = "c" * 64
     assert not await store.has_package(digest)
-    await store.put_package(digest, 3 * 2**30)
-    await store.put_package(digest, 3 * 2**30)
+    await store.put_package(digest, 3 * 2**30, "alice")
+    await store.put_package(digest, 3 * 2**30, "alice")
     assert await store.has_package(digest)
 
 

@@ -158,7 +158,7 @@ async def test_a_mixed_batch_commits_every_kind_of_write(store: JobStore) -> Non
             store.put_function(make_spec(name="mixed")),
             store.submit(keyed),
             store.submit(plain[2]),
-            store.put_package("d" * 64, 10),
+            store.put_package("d" * 64, 10, "alice"),
             store.update(moved[1], 0),
         ],
     )

@@ -62,6 +62,39 @@ async def test_an_older_schema_needs_migrate_and_keeps_its_jobs(empty_url: str) 
     assert revision_of(empty_url) == head_revision()
 
 
+async def test_migration_0003_makes_each_function_s_owner_an_uploader_of_its_files(
+    empty_url: str,
+) -> None:
+    """Packages got owners in 0003; whoever registered a function on a package before keeps
+    the right to use it (and nobody else gets it)."""
+    write, read = make_engines(empty_url, StoreSettings())
+    try:
+        upgrade_to(read, "0002")
+        insert = sa.text(
+            "INSERT INTO functions (name, version, sku, package_digest, entrypoint, command, "
+            "requirements_digest, env, timeout_s, max_retries, pods, single_use, created, "
+            "owner, deleted) VALUES (:name, :version, 'cpu', :package, 'm:f', NULL, :req, "
+            "'{}', 1, 0, 1, 0, 0, :owner, 0)"
+        )
+        old = [("alice", "r" * 64), ("alice", None), ("bob", None)]
+        with read.begin() as conn:
+            for version, (owner, req) in enumerate(old, start=1):
+                row = {"name": f"f-{owner}", "version": version, "package": "p" * 64}
+                conn.execute(insert, {**row, "req": req, "owner": owner})
+    finally:
+        read.dispose()
+        write.dispose()
+    store = await open_store(empty_url, migrate=True)
+    try:
+        assert await store.uploaded_by("p" * 64, "alice")
+        assert await store.uploaded_by("r" * 64, "alice")
+        assert await store.uploaded_by("p" * 64, "bob")
+        assert not await store.uploaded_by("r" * 64, "bob")
+        assert not await store.uploaded_by("p" * 64, "carol")
+    finally:
+        await store.close()
+
+
 async def test_a_newer_schema_is_always_refused(empty_url: str) -> None:
     migrate(empty_url)
     run_sql(empty_url, "UPDATE alembic_version SET version_num = '9999'")
