@@ -236,11 +236,19 @@ class Dispatcher:
         del self.starting[job.id]
         self.tracker.launched(job.id, self.clock())
         owner_unrecorded = None
-        if lease.path not in ("warm", "recycled"):
+        first_use = lease.path not in ("warm", "recycled")
+        retire = {"single_use": "single_use", "recycled": "session_boundary"}.get(lease.path)
+        if first_use or retire is not None:
             # First use of these pods: persist the owner before any user code runs, so a
-            # restarted broker can never hand a used pod to another caller (paper A.1 step 4).
+            # restarted broker can never hand a used pod to another caller (paper A.1 step 4);
+            # and whether the pod must retire after this job, so it never serves again.
             try:
-                await self.pods.persist_owner(lease.pods, job.caller, job.lease_tag, job.queue)
+                if first_use:
+                    await self.pods.persist_owner(
+                        lease.pods, job.caller, job.lease_tag, job.queue, retire
+                    )
+                else:
+                    await self.pods.persist_owner(lease.pods, None, None, None, retire)
             except Exception as exc:  # then no user code runs on them: deleted, job retried
                 owner_unrecorded = Outcome.pod_lost(
                     list(lease.pods), f"the pods' owner could not be recorded: {exc!r}"

@@ -30,6 +30,11 @@ READY_PROBE_MAX_S = 0.2
 READY_PROBE_FRACTION = 0.1
 EXITED_CHECK_S = 0.5
 """How often a pod that is not ready yet is checked for having stopped (``PodBackend.exited``)."""
+RETIRE_ANNOTATION = "firepool/retire-after"
+"""Set on a pod before a job runs on it that the pod must not outlive (a single-use job, or
+one that recycled another session's pod): a broker restarted meanwhile retires the pod
+after that job, or at once if the job has ended (``gateway.recovery.restored_pod``). Before,
+a restart forgot it and the pod served its caller again as warm (adversarial run, 4 of 4)."""
 CREATE_BACKOFF_MIN_S = 1.0
 CREATE_BACKOFF_MAX_S = 60.0
 """A pool whose pods fail to start (the backend refuses the create, or the pod stops or never
@@ -194,12 +199,24 @@ class PodManager:
             self.on_change()
 
     async def persist_owner(
-        self, names: tuple[str, ...], owner: str, tag: str | None, queue: str
+        self,
+        names: tuple[str, ...],
+        owner: str | None,
+        tag: str | None,
+        queue: str | None,
+        retire: str | None = None,
     ) -> None:
-        """Record a pod's first caller before the job launches (awaited, unlike holds).
-        Raises if any write fails: the launch must not go ahead then, or a restarted broker
-        could hand the used pod to another caller (it was logged and passed over)."""
-        note = {"firepool/owner": owner, "firepool/tag": tag, "firepool/queue": queue}
+        """Record, before the job launches (awaited, unlike holds), a pod's first caller
+        (``owner``, ``tag``, ``queue``; None: leave them as recorded) and ``retire``: why
+        the pod must retire after this job (``single_use``, ``session_boundary``; see
+        ``RETIRE_ANNOTATION``). Raises if any write fails: the launch must not go ahead
+        then, or a restarted broker could hand the used pod to another caller, or back to
+        the session it left, as a warm pod."""
+        note: dict[str, str | None] = {}
+        if owner is not None:
+            note.update({"firepool/owner": owner, "firepool/tag": tag, "firepool/queue": queue})
+        if retire is not None:
+            note[RETIRE_ANNOTATION] = retire
         await asyncio.gather(*(self.backend.annotate(name, note) for name in names))
 
     async def annotate_now(self, name: str, annotations: Mapping[str, str | None]) -> None:

@@ -30,6 +30,7 @@ from functions.errors import ErrorClass
 from gateway.agent_client import AgentUnreachable
 from gateway.executor import Outcome, attempt_deadline_s
 from gateway.jobs import Job
+from gateway.pods import RETIRE_ANNOTATION
 from gateway.retry_policy import decide
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
@@ -54,13 +55,16 @@ def restored_pod(pod: BackendPod, hold_s: float, now: float) -> PodInfo:
 
     The owner is written before a pod's first job runs, its hold timing only after release
     (best-effort): an owner without a recorded hold gets a full hold from now, never none
-    (which would hold it forever) and never a used pod handed to anyone else."""
+    (which would hold it forever) and never a used pod handed to anyone else. A pod marked
+    to retire after its job (``RETIRE_ANNOTATION``) keeps that mark: it retires at its job's
+    release, or at once if none runs on it (``Tracker.restore``)."""
     a = pod.annotations
     owner = a.get("firepool/owner")
     hold_until = _float(a.get("firepool/hold-until"))
     released_at = _float(a.get("firepool/released-at"))
     if owner is not None and hold_until is None:
         hold_until, released_at = now + hold_s, now
+    retire = a.get(RETIRE_ANNOTATION)
     return PodInfo(
         name=pod.name,
         sku=pod.sku,
@@ -74,6 +78,8 @@ def restored_pod(pod: BackendPod, hold_s: float, now: float) -> PodInfo:
         queue=a.get("firepool/queue"),
         released_at=released_at or pod.created,
         hold_until=hold_until,
+        single_use=retire == "single_use",
+        retire_after=retire is not None and retire != "single_use",
     )
 
 

@@ -13,7 +13,9 @@ RUNNING job against what this rebuilt. Rules:
   was (same owner, tag and hold);
 * the ledger is rebuilt with one reservation per group (even past a budget: it must match
   what exists); a retiring pod keeps its GPU's gate closed until it is gone (fail closed);
-* every GPU is unverified: no standby promotion until the sweep calls ``mark_gpu_verified``.
+* every GPU is unverified: no standby promotion until the sweep calls ``mark_gpu_verified``;
+* a pod marked to retire after its job (``retire_after``, ``single_use``: the shell persists
+  the mark before the job runs) keeps the mark while leased, and retires at once if idle.
 
 Concurrency: helpers of ``Tracker``; its lock is held.
 """
@@ -69,6 +71,11 @@ class Recovery(ClaimPolicy):
                     leased.setdefault(pod.job_id, []).append(pod)
             else:
                 pod.job_id = None
+                if pod.state is _IDLE and (pod.retire_after or pod.single_use):
+                    # Marked to retire after a job that has ended: it never serves again.
+                    why = "restored_retiring"
+                    transition(pod, PodState.RETIRING, why, now, _T, self.log, pod.name)
+                    orphans.append(DeletePod(pod.name, why))
             self._pods[pod.name] = pod
             self._join_group_locked(pod, reserved=False)
             kept.append(pod)

@@ -522,7 +522,8 @@ class Tracker(Recovery):
     ) -> list[DeletePod]:
         """Rebuild everything from the backend's pods after a restart (``recovery``).
         ``jobs``: the store's RUNNING jobs by id, whose caller, queue and tag win over the
-        pods' annotations. Returns deletes for pods this catalog cannot track."""
+        pods' annotations. Returns deletes for pods this catalog cannot track, and for idle
+        pods marked to retire after a job that has ended."""
         with self._lock:
             return self._restore_locked(pods, now, jobs or {})
 

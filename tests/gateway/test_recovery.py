@@ -231,3 +231,44 @@ def test_a_log_not_yet_archived_when_the_broker_stopped_is_kept_by_the_next(
         kill_pods(home)
     assert b"hello from the job: kept" in text, text
     assert held == [], "acknowledged once kept"
+
+
+ONE_POD = "budgets: {cpu: 1}\npools:\n  cpu: {min_count: 0, max_idle_count: 0, max_count: 1}\n"
+
+
+@pytest.mark.parametrize("case", ["single_use", "recycled"])
+def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
+    tmp_path: Path, case: str
+) -> None:
+    """A single-use job, or one that recycled its caller's pod of another session, running
+    through a crash: the restarted broker forgot that the pod must retire after it, and the
+    caller's next job ran on it ``warm`` (adversarial run, 4 of 4 each). Now the mark is on
+    the pod before the job runs (``gateway.pods.RETIRE_ANNOTATION``)."""
+    home = tmp_path / "home"
+    server = start_broker(home, ONE_POD)
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="once", sku="cpu", entrypoint="behaviours:sleep",
+                      single_use=True)  # fmt: skip
+            fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep")
+        with server.client("alice") as fp:
+            before = None
+            if case == "recycled":
+                before = fp.invoke("sleep", 0, lease_tag="s1")["attempts"][0]["pods"]
+            job_id = fp.submit("once" if case == "single_use" else "sleep", 2.0, lease_tag="s2")
+            wait_running(fp, job_id, timeout_s=30)
+            assert fp.job(job_id)["acquisition"]["path"] == case
+        time.sleep(0.5)
+        server.kill()
+        server = start_broker(home, ONE_POD, port=int(server.url.rsplit(":", 1)[1]))
+        with server.client("alice") as fp:
+            job = fp.wait(job_id, timeout_s=60)
+            assert job["state"] == "SUCCEEDED" and len(job["attempts"]) == 1, job
+            used = job["attempts"][0]["pods"]
+            assert before is None or before == used
+            after = fp.invoke("sleep", 0, lease_tag="s2")
+        assert after["acquisition"]["path"] != "warm", after["acquisition"]
+        assert after["attempts"][0]["pods"] != used, "the pod retired after its job"
+    finally:
+        server.stop()
+        kill_pods(home)

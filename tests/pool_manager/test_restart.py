@@ -93,3 +93,28 @@ def test_the_job_stores_caller_wins_over_a_missing_annotation() -> None:
     t.restore([pod], 10.0, jobs={"j1": req})
     t.release("j1", True, 11.0)
     assert lease(t, make_request("alice", tag="s"), now=12.0).path == "warm"
+
+
+def test_a_pod_marked_to_retire_retires_after_its_reattached_job_or_at_once_if_idle() -> None:
+    """The shell persists ``retire_after`` / ``single_use`` before the job runs; a restart
+    that found such a pod came back with it held for its old session (adversarial run)."""
+    t = make_tracker(make_spec(caller_hold_s=100.0))
+    for name in ("busy", "done", "once"):
+        add_ready(t, name)
+    pods = {p.name: p for p in t.pods()}
+    job = make_request("alice", tag="s2")
+    pods["busy"].state, pods["busy"].job_id, pods["busy"].retire_after = (
+        PodState.RUNNING, job.job_id, True
+    )  # fmt: skip
+    pods["done"].retire_after = True  # its job ended; the delete did not happen
+    pods["done"].owner = pods["once"].owner = "alice"
+    pods["once"].single_use = True
+    fresh = Tracker(t.catalog, BudgetLedger(t.catalog.budgets))
+    deletes = fresh.restore(pods.values(), 50.0, {job.job_id: job})
+    assert sorted((d.name, d.reason) for d in deletes) == [
+        ("done", "restored_retiring"), ("once", "restored_retiring")
+    ]  # fmt: skip
+    assert state_of(fresh, "done") is state_of(fresh, "once") is PodState.RETIRING
+    [rel] = fresh.release(job.job_id, True, 60.0)
+    assert (rel.name, rel.retire, rel.reason) == ("busy", True, "session_boundary")
+    miss(fresh, make_request("alice", tag="s2"), now=61.0)
