@@ -261,8 +261,9 @@ class Tracker(Recovery):
         a caller switches to a new session ... the prior pod is retired"). Its idle pods held
         for any other tag on ``req.queue`` retire now, so a session's state reaches at most
         the one job that recycled its pod; that includes its pods parked behind a closed
-        GPU gate. Pods on other queues keep their holds. The deletes wait in ``_switched``
-        for ``take_retired``."""
+        GPU gate; and its pods busy with another tag's job retire after that job. Pods on
+        other queues keep their holds. The deletes wait in ``_switched`` for
+        ``take_retired``."""
         ended: list[PodInfo] = []
         sessions = self._owned.get((req.sku, req.caller))
         if sessions:
@@ -280,6 +281,18 @@ class Tracker(Recovery):
         for pod in ended:
             if self._retire_locked(pod, "session_switched", now):
                 self._switched.append(DeletePod(pod.name, "session_switched"))
+        # Its pods busy with a prior session's job end that session too: they retire after
+        # it. (They came back held for the old tag, and a later job of the new session
+        # recycled them: two of its jobs on the old session's pods, adversarial run.)
+        for other, names, _ in self._jobs.values():
+            if (
+                other.caller == req.caller and other.sku == req.sku
+                and other.queue == req.queue and other.lease_tag != req.lease_tag
+            ):  # fmt: skip
+                for name in names:
+                    busy = self._pods.get(name)
+                    if busy is not None and busy.job_id == other.job_id:
+                        busy.retire_after = True
 
     def take_retired(self) -> list[DeletePod]:
         """Deletes for pods a claim retired (a session switch), for the shell to carry out;

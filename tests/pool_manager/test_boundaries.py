@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pool_manager.dispatch_pass import dispatch_pass
@@ -187,14 +189,28 @@ def test_a_job_cannot_hold_two_leases() -> None:
 
 
 def held_pods(t: Tracker, caller: str, tags: list[str | None]) -> list[str]:
-    """Names of ``caller``'s idle pods, one per tag in ``tags``, each released once."""
+    """Names of ``caller``'s idle pods, one per tag in ``tags``, each released once.
+
+    In ``switch`` mode a caller has one live session per queue (each new tag retires the
+    others' pods, busy ones after their job), so several held sessions exist there only
+    after a restart from another tag mode: they are built in a ``retire`` pool and
+    restored into ``t`` beside its own pods (which must be idle)."""
+    specs = list(t.catalog.pools.values())
+    src = t if specs[0].tag_mode != "switch" else make_tracker(
+        *(replace(spec, tag_mode="retire") for spec in specs)
+    )  # fmt: skip
     names = []
     for i, tag in enumerate(tags):
-        names.append(add_ready(t, f"{tag}-{i}"))
-    leases = [lease(t, make_request(caller, tag=tag)) for tag in tags]
+        names.append(add_ready(src, f"{tag}-{i}"))
+    leases = [lease(src, make_request(caller, tag=tag)) for tag in tags]
     for got in leases:
-        t.launched(got.job_id, 1.0)
-        t.release(got.job_id, True, 1.0)
+        src.launched(got.job_id, 1.0)
+        src.release(got.job_id, True, 1.0)
+    if src is not t:
+        t.restore(t.pods() + src.pods(), 1.0)
+        for pod in t.pods():
+            if pod.gpu is not None:
+                t.mark_gpu_verified(pod.gpu, True, 1.0)
     return names
 
 
@@ -225,6 +241,21 @@ def test_in_switch_mode_a_new_session_on_a_clean_pod_still_ends_the_old_one() ->
     got = lease(t, make_request("alice", tag="s2", queued_at=2.0), now=2.0)
     assert (got.pods, got.path) == (("clean",), "idle")
     assert [(d.name, d.reason) for d in t.expire(2.0)] == [(old, "session_switched")]
+
+
+def test_in_switch_mode_a_pod_busy_with_the_old_session_retires_after_its_job() -> None:
+    """It came back held for the old tag, and a later job of the new session recycled it:
+    two jobs of the new session on the old one's pods (adversarial run, 4 of 4)."""
+    t = make_tracker(make_spec(tag_mode="switch"))
+    add_ready(t, "busy")
+    old_job = make_request("alice", tag="s1")
+    lease(t, old_job)
+    t.launched(old_job.job_id, 1.0)
+    add_ready(t, "clean", now=1.5)
+    assert lease(t, make_request("alice", tag="s2", queued_at=2.0), now=2.0).path == "idle"
+    [rel] = t.release(old_job.job_id, True, 3.0)
+    assert (rel.name, rel.retire, rel.reason) == ("busy", True, "session_boundary")
+    assert miss(t, make_request("alice", tag="s2"), now=4.0).reason == "no_idle_pod"
 
 
 def test_in_switch_mode_other_queues_other_callers_and_the_same_session_are_untouched() -> None:
