@@ -3,6 +3,12 @@
 Entries are sorted by their POSIX path, every timestamp is 1980-01-01 00:00, modes are 0644
 (0755 when the owner-execute bit is set), and caches (``__pycache__``, ``*.pyc``, VCS folders)
 are left out. Symlinks are refused: a package is plain files only.
+
+Memory stays bounded by the zip being built (itself capped at ``MAX_PACKAGE_BYTES``) plus one
+chunk: files are streamed into the archive, never read whole. The caps the pod applies to what
+it extracts (documented in docs/pod_runtime.md) are checked before the first byte is read, from
+the files' sizes, and the compressed size as it grows, so an oversized tree fails at once with
+``PackageRejected`` instead of after it was read and compressed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 SKIP_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".venv", ".mypy_cache", ".firepool"})
 SKIP_SUFFIXES = (".pyc", ".pyo")
 MAX_PACKAGE_BYTES = 512 * 1024 * 1024
+"""The zip itself (the gateway's upload cap and the pod's download cap)."""
+MAX_UNPACKED_BYTES = 2_000_000_000
+"""Bytes the files hold together: what the pod writes when it extracts them (its 2 GB cap)."""
+MAX_FILES = 100_000
+"""Files in one package (the pod's entry cap); the directories they imply have the same cap."""
+MAX_NAME_BYTES = 1024
+"""UTF-8 bytes in one file's path below the root (the pod's name cap)."""
+MAX_DEPTH = 64
+"""Components in one file's path below the root (the pod's depth cap)."""
+CHUNK = 1 << 20
 
 
 def sha256_hex(data: bytes) -> str:
@@ -35,34 +51,78 @@ def _walk(root: Path) -> Iterator[Path]:
                 yield Path(dirpath) / name
 
 
+def _members(root: Path) -> list[tuple[Path, str, os.stat_result]]:
+    """(path, entry name, lstat) of every file to package, sorted by name, checked against the
+    pod's caps on names, files, directories and bytes without reading any file."""
+    members: list[tuple[Path, str, os.stat_result]] = []
+    folders: set[str] = set()
+    total = 0
+    for path in sorted(_walk(root), key=lambda p: p.relative_to(root).as_posix()):
+        if len(members) == MAX_FILES:
+            raise PackageRejected(f"{root} holds more than {MAX_FILES} files (the cap)")
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            raise PackageRejected(f"{path} is not a regular file (links are not packaged)")
+        name = path.relative_to(root).as_posix()
+        try:
+            encoded = name.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (surrogate-escaped)
+            raise PackageRejected(
+                f"{name.encode('utf-8', 'surrogateescape')!r} is not a UTF-8 file name; "
+                "a package's names are UTF-8"
+            ) from None
+        if len(encoded) > MAX_NAME_BYTES or name.count("/") >= MAX_DEPTH:
+            raise PackageRejected(
+                f"{name[:80]!r}... is too long or too deep for a package "
+                f"(caps: {MAX_NAME_BYTES} bytes, {MAX_DEPTH} levels)"
+            )
+        folder = name.rpartition("/")[0]
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
+        if len(folders) > MAX_FILES:
+            raise PackageRejected(f"{root} holds more than {MAX_FILES} directories (the cap)")
+        total += st.st_size
+        if total > MAX_UNPACKED_BYTES:
+            raise PackageRejected(
+                f"the files below {root} hold more than {MAX_UNPACKED_BYTES} bytes "
+                f"(reached at {name[:80]!r}); a package unpacks to at most that"
+            )
+        members.append((path, name, st))
+    return members
+
+
+def _too_big(size: int) -> PackageRejected:
+    return PackageRejected(f"package is at least {size} bytes; the cap is {MAX_PACKAGE_BYTES}")
+
+
 def build_package(root: Path) -> bytes:
-    """Zip the files below ``root`` deterministically and return the archive bytes."""
+    """Zip the files below ``root`` deterministically and return the archive bytes.
+
+    Raises ``PackageRejected`` for a link or special file, a name that is not UTF-8, more than
+    ``MAX_FILES`` files or ``MAX_UNPACKED_BYTES`` bytes (both before any file is read), or a zip
+    over ``MAX_PACKAGE_BYTES`` (as soon as the archive being written passes it).
+    """
     if not root.is_dir():
         raise PackageRejected(f"{root} is not a directory")
-    files = sorted(_walk(root), key=lambda p: p.relative_to(root).as_posix())
+    members = _members(root)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
-        for path in files:
-            st = path.lstat()
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-                raise PackageRejected(f"{path} is not a regular file (links are not packaged)")
-            name = path.relative_to(root).as_posix()
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:  # bytes that are not UTF-8 (surrogate-escaped)
-                raise PackageRejected(
-                    f"{name.encode('utf-8', 'surrogateescape')!r} is not a UTF-8 file name; "
-                    "a package's names are UTF-8"
-                ) from None
+        for path, name, st in members:
             info = zipfile.ZipInfo(name, date_time=FIXED_DATE)
             mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
             info.external_attr = (stat.S_IFREG | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             info.create_system = 3  # unix, so the mode bits are honoured everywhere
-            zf.writestr(info, path.read_bytes())
+            info.file_size = st.st_size  # as writestr would set it: picks zip64 the same way
+            with path.open("rb") as src, zf.open(info, "w") as dst:
+                while chunk := src.read(CHUNK):
+                    dst.write(chunk)
+                    if buf.tell() > MAX_PACKAGE_BYTES:
+                        raise _too_big(buf.tell())
     data = buf.getvalue()
     if len(data) > MAX_PACKAGE_BYTES:
-        raise PackageRejected(f"package is {len(data)} bytes; the cap is {MAX_PACKAGE_BYTES}")
+        raise _too_big(len(data))
     return data
 
 

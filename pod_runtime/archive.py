@@ -3,15 +3,21 @@
 Invariants (paper A.2, "rejection of symlinks and paths that escape the workspace"):
 
 * Every entry is validated *before* the first byte is written: relative, normalised names of
-  printable characters without backslashes, NULs or ``..``; no duplicate names and no name
-  that is both a file and a directory; only regular files and directories (no symlinks,
-  devices, FIFOs or sockets, whatever ``external_attr`` claims); no encryption; local headers
-  that do not overlap (two central entries sharing data is a known bomb trick); declared sizes
-  within the caps and a bounded compression ratio.
-* While writing, the bytes actually produced are counted against ``max_written`` (declared
-  sizes can lie), files are created with ``O_EXCL | O_NOFOLLOW`` below a directory that was
-  empty, so nothing is ever written outside ``dest``.
-* On any rejection the partial extraction is removed and ``PackageRejected`` names the reason.
+  printable characters without backslashes, NULs or ``..``, short and shallow enough (total
+  bytes, bytes per component, components); no duplicate names and no name that is both a file
+  and a directory; only regular files and directories (no symlinks, devices, FIFOs or sockets,
+  whatever ``external_attr`` claims); no encryption; local headers that do not overlap (two
+  central entries sharing data is a known bomb trick); declared sizes within the caps and a
+  bounded compression ratio, per entry and for the whole archive; a bounded number of
+  directories, the ones the names only imply included. So the work extraction does is linear
+  in the caps, whatever the archive.
+* While writing, no entry produces more bytes than it declared (declared sizes can lie: it is
+  stopped at the first chunk past them), the bytes actually produced are counted against
+  ``max_written``, directories are made one level at a time (no recursion), and files are
+  created with ``O_EXCL | O_NOFOLLOW`` below a directory that was empty, so nothing is ever
+  written outside ``dest``.
+* On any failure the partial extraction is removed and ``PackageRejected`` names the reason,
+  with entry names relative to the package: no host path reaches the caller.
 
 Synchronous and blocking: the agent runs it in a worker thread, one extraction at a time.
 """
@@ -52,38 +58,73 @@ CHUNK = 1 << 20
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+NAME_MAX = 255
+"""Bytes in one path component (Linux ``NAME_MAX``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ArchiveLimits:
-    """Caps for one package; defaults follow the paper (512 MiB compressed, 2 GB written)."""
+    """Caps for one package; defaults follow the paper (512 MiB compressed, 2 GB written).
+
+    Together they bound the work of one extraction: at most ``max_files`` entries and as many
+    directories, each name at most ``max_depth`` components deep, so directory creation is
+    linear in the caps; and ``max_name_bytes`` keeps any name plus the pod's directory prefix
+    below ``PATH_MAX`` (4096), so a name the gateway accepts can always be created at the pod.
+    """
 
     max_compressed: int = 512 * MiB
     """Bytes of the zip file itself (also enforced while downloading)."""
     max_written: int = 2_000_000_000
-    """Bytes written during extraction, counted as they are written."""
+    """Bytes written during extraction, counted as they are written; the sizes the entries
+    declare must sum within it too."""
     max_files: int = 100_000
-    """Entries in the archive (files and directories)."""
+    """Entries in the archive (files and directories); also the cap on the directories that
+    extraction creates, counting the parents that names only imply (``a/b/c.py`` implies
+    ``a`` and ``a/b``)."""
     max_ratio: int = 200
-    """Largest uncompressed/compressed ratio for an entry bigger than 1 MiB."""
+    """Largest uncompressed/compressed ratio for an entry bigger than 1 MiB, and for the whole
+    archive (declared bytes over zip bytes) once it declares more than 1 MiB."""
+    max_depth: int = 64
+    """Components in one entry name (``a/b/c.py`` has 3)."""
+    max_name_bytes: int = 1024
+    """UTF-8 bytes in one entry name as stored; each component is also at most ``NAME_MAX``
+    (255) bytes."""
 
 
-def _check_name(raw: str) -> tuple[str, bool]:
-    """Return (normalised relative name, is_dir) or raise PackageRejected."""
+DEFAULT_LIMITS = ArchiveLimits()
+
+
+def _check_name(raw: str, limits: ArchiveLimits = DEFAULT_LIMITS) -> tuple[str, bool]:
+    """Return (normalised relative name, is_dir) or raise PackageRejected.
+
+    Absolute means absolute on POSIX (a leading ``/``): ``a:b.txt`` and ``C:/x`` are plain
+    relative names here. Backslashes are refused outright, so no name means one thing on
+    Linux and another where ``\\`` separates paths.
+    """
     if not raw or "\0" in raw:
         raise PackageRejected(f"entry name {raw!r} is empty or contains NUL")
     if _CONTROL.search(raw):
         raise PackageRejected(f"entry name {raw!r} contains control characters")
     if "\\" in raw:
         raise PackageRejected(f"entry name {raw!r} contains a backslash")
-    if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):
+    if raw.startswith("/"):
         raise PackageRejected(f"entry name {raw!r} is absolute")
+    if len(raw.encode()) > limits.max_name_bytes:
+        raise PackageRejected(
+            f"entry name {raw[:80]!r}... is longer than {limits.max_name_bytes} bytes"
+        )
     is_dir = raw.endswith("/")
     parts = [p for p in raw.split("/") if p not in ("", ".")]
     if not parts:
         raise PackageRejected(f"entry name {raw!r} names the package root")
     if ".." in parts:
         raise PackageRejected(f"entry name {raw!r} escapes the package directory")
-    if len(raw.encode()) > 4096 or any(len(p.encode()) > 255 for p in parts):
-        raise PackageRejected(f"entry name {raw[:80]!r}... is too long")
+    if any(len(p.encode()) > NAME_MAX for p in parts):
+        raise PackageRejected(f"entry name {raw[:80]!r}... has a component over {NAME_MAX} bytes")
+    if len(parts) > limits.max_depth:
+        raise PackageRejected(
+            f"entry name {raw[:80]!r}... is {len(parts)} levels deep (cap {limits.max_depth})"
+        )
     return "/".join(parts), is_dir
 
 
@@ -128,7 +169,7 @@ def validate(zf: zipfile.ZipFile, mm: mmap.mmap, size: int, limits: ArchiveLimit
     for info in infos:
         if "\0" in info.orig_filename:  # zipfile silently cuts names at NUL
             raise PackageRejected(f"entry name {info.orig_filename!r} contains NUL")
-        name, is_dir = _check_name(info.filename)
+        name, is_dir = _check_name(info.filename, limits)
         mode = info.external_attr >> 16
         kind = stat.S_IFMT(mode)
         if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
@@ -149,17 +190,41 @@ def validate(zf: zipfile.ZipFile, mm: mmap.mmap, size: int, limits: ArchiveLimit
             raise PackageRejected(f"entry {info.filename!r} has a zip-bomb compression ratio")
         start, end = _data_span(mm, info, size)
         entries.append(Entry(info, name, is_dir, start, end))
-    for name in seen:
-        parent = name.rpartition("/")[0]
-        while parent:
-            if seen.get(parent) is False:
-                raise PackageRejected(f"entry {name!r} is below the file {parent!r}")
-            parent = parent.rpartition("/")[0]
+    if declared > MiB and declared > limits.max_ratio * size:
+        raise PackageRejected(
+            f"archive declares {declared} bytes from {size}: a zip-bomb compression ratio"
+        )
+    _directories(seen, limits.max_files)
     spans = sorted((e.info.header_offset, e.data_end, e.name) for e in entries)
     for (_, end, name), (start, _, other) in itertools.pairwise(spans):
         if start < end:
             raise PackageRejected(f"entries {name!r} and {other!r} overlap")
     return entries
+
+
+def _parent(name: str) -> str:
+    """``a/b`` for ``a/b/c``; ``""`` (the package root) for a top-level name."""
+    return name.rpartition("/")[0]
+
+
+def _directories(seen: dict[str, bool], cap: int) -> set[str]:
+    """The directories extraction creates (explicit and implied), checked: none is a file's
+    name and there are at most ``cap``.
+
+    Each name's parents are walked only until one already counted (its own parents were walked
+    then), so the cost is linear in the names and the directories, not in their depth squared.
+    """
+    dirs: set[str] = set()
+    for name, is_dir in seen.items():
+        folder = name if is_dir else _parent(name)
+        while folder and folder not in dirs:
+            if seen.get(folder) is False:
+                raise PackageRejected(f"entry {name!r} is below the file {folder!r}")
+            dirs.add(folder)
+            folder = _parent(folder)
+        if len(dirs) > cap:
+            raise PackageRejected(f"archive implies more than {cap} directories")
+    return dirs
 
 
 def _chunks(entry: Entry, view: memoryview, zf: zipfile.ZipFile) -> Generator[bytes]:
@@ -199,6 +264,7 @@ def _decoded(entry: Entry, data: memoryview, zf: zipfile.ZipFile) -> Iterator[by
 def _write_entry(
     entry: Entry, view: memoryview, zf: zipfile.ZipFile, target: str, budget: int
 ) -> int:
+    """Write one file; stop at the first chunk that takes it past its declared size."""
     mode = 0o755 if (entry.info.external_attr >> 16) & 0o111 else 0o644
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     written = crc = 0
@@ -207,6 +273,8 @@ def _write_entry(
         with os.fdopen(fd, "wb") as out:
             for chunk in chunks:
                 written += len(chunk)
+                if written > entry.info.file_size:
+                    raise PackageRejected(f"entry {entry.name!r} inflates past its declared size")
                 if written > budget:
                     raise PackageRejected("extraction wrote more than the cap")
                 crc = zlib.crc32(chunk, crc)
@@ -228,7 +296,7 @@ def extract(zip_path: Path, dest: Path, limits: ArchiveLimits) -> int:
         raise PackageRejected(f"package is {size} bytes (cap {limits.max_compressed})")
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
-        raise PackageRejected(f"package directory {dest} is not empty")
+        raise PackageRejected("the package directory is not empty")
     root = str(dest)
     files = 0
     try:
@@ -239,27 +307,57 @@ def extract(zip_path: Path, dest: Path, limits: ArchiveLimits) -> int:
         ):
             entries = validate(zf, mm, size, limits)
             budget = limits.max_written
-            made: set[str] = {root}
+            made: set[str] = set()
             with memoryview(mm) as view:
                 for entry in entries:
-                    target = os.path.join(root, entry.name)
-                    folder = target if entry.is_dir else os.path.dirname(target)
-                    if folder not in made:
-                        os.makedirs(folder, exist_ok=True)
-                        made.add(folder)
-                    if not entry.is_dir:
-                        budget -= _write_entry(entry, view, zf, target, budget)
-                        files += 1
+                    try:
+                        _make_dirs(root, entry.name if entry.is_dir else _parent(entry.name), made)
+                        if not entry.is_dir:
+                            target = os.path.join(root, entry.name)
+                            budget -= _write_entry(entry, view, zf, target, budget)
+                            files += 1
+                    except OSError as exc:  # its message would name the host path
+                        raise PackageRejected(
+                            f"entry {entry.name[:80]!r} could not be extracted: "
+                            f"{exc.strerror or type(exc).__name__}"
+                        ) from exc
     except PackageRejected:
         _empty(dest)
         raise
     except MALFORMED_ZIP_ERRORS as exc:
         _empty(dest)
-        raise PackageRejected(f"package is not a valid zip: {exc}") from exc
+        raise PackageRejected(f"package is not a valid zip: {_scrub(exc, root)}") from exc
     except NotImplementedError as exc:
         _empty(dest)
         raise PackageRejected(f"package uses an unsupported zip feature: {exc}") from exc
+    except Exception as exc:  # a malformed package is the caller's error, never an internal one
+        _empty(dest)
+        raise PackageRejected(
+            f"package could not be extracted: {type(exc).__name__}: {_scrub(exc, root)}"
+        ) from exc
     return files
+
+
+def _make_dirs(root: str, folder: str, made: set[str]) -> None:
+    """Create ``folder`` (relative to ``root``) and its missing parents, top down, iteratively.
+
+    ``made`` holds every directory created so far, so each is created exactly once and a
+    parent is looked up, never re-walked from the root.
+    """
+    missing: list[str] = []
+    while folder and folder not in made:
+        missing.append(folder)
+        folder = _parent(folder)
+    for rel in reversed(missing):
+        os.mkdir(os.path.join(root, rel))
+        made.add(rel)
+
+
+def _scrub(exc: BaseException, root: str) -> str:
+    """The exception's text without the host path of the package directory."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).replace(root, "<package dir>")
 
 
 def _empty(directory: Path) -> None:

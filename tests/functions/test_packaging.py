@@ -5,16 +5,21 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import tracemalloc
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from pathlib import Path
 
 import pytest
 
+from functions import packaging
 from functions.errors import Expired, Forbidden, PackageRejected
 from functions.package_store import LocalPackageStore, UrlSigner
 from functions.packaging import build_package, package_digest
+
+MiB = 1024 * 1024
 
 
 def _tree(root: Path) -> Path:
@@ -56,6 +61,82 @@ def test_symlinks_are_refused(tmp_path: Path) -> None:
     (root / "link").symlink_to("/etc/passwd")
     with pytest.raises(PackageRejected):
         build_package(root)
+
+
+def _sparse(path: Path, size: int) -> Path:
+    """A file of ``size`` zero bytes that takes no disk space."""
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def _peak_bytes(build: Callable[[], object]) -> int:
+    """Most Python heap memory in use at once while ``build`` runs."""
+    tracemalloc.start()
+    try:
+        build()
+    except PackageRejected:
+        pass
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak
+
+
+def test_files_are_streamed_into_the_package_not_read_whole(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    root.mkdir()
+    _sparse(root / "data.bin", 32 * MiB)
+    assert _peak_bytes(lambda: build_package(root)) < 8 * MiB
+
+
+def test_a_tree_over_the_unpacked_cap_is_refused_before_any_file_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod writes at most MAX_UNPACKED_BYTES: a bigger tree (a stray dataset, a sparse
+    file) is refused from the sizes alone, scaled down here to 1 MiB."""
+    root = _tree(tmp_path / "a")
+    _sparse(root / "big.bin", 4 * MiB)
+    monkeypatch.setattr(packaging, "MAX_UNPACKED_BYTES", MiB, raising=False)
+
+    def no_reading(*_: object, **__: object) -> object:
+        raise AssertionError("a file was read")
+
+    monkeypatch.setattr(Path, "open", no_reading)
+    monkeypatch.setattr(Path, "read_bytes", no_reading)
+    with pytest.raises(PackageRejected, match="unpacks to at most"):
+        build_package(root)
+
+
+def test_a_package_over_the_compressed_cap_fails_while_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "random.bin").write_bytes(os.urandom(16 * MiB))
+    monkeypatch.setattr(packaging, "MAX_PACKAGE_BYTES", 256 * 1024)
+    with pytest.raises(PackageRejected, match="the cap is 262144"):
+        build_package(root)
+    assert _peak_bytes(lambda: build_package(root)) < 8 * MiB
+
+
+@pytest.mark.parametrize(
+    "name", ["a/" * 64 + "deep.py", "/".join(["d" * 250] * 5) + "/long.py"], ids=["deep", "long"]
+)
+def test_a_name_the_pod_would_refuse_is_refused_when_packaging(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "a"
+    (root / name).parent.mkdir(parents=True)
+    (root / name).write_text("x = 1\n")
+    with pytest.raises(PackageRejected, match="too long or too deep"):
+        build_package(root)
+
+
+def test_a_colon_in_a_file_name_is_packaged(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "a:b.txt").write_text("x")
+    with zipfile.ZipFile(BytesIO(build_package(root))) as zf:
+        assert zf.namelist() == ["a:b.txt"]
 
 
 def test_the_store_checks_the_digest_and_dedupes(tmp_path: Path) -> None:

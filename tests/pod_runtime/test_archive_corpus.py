@@ -99,7 +99,6 @@ CORPUS: dict[str, Callable[[], bytes]] = {
     "zip slip": lambda: _zip([("../evil.py", b"x")]),
     "deep zip slip": lambda: _zip([("a/b/../../../evil.py", b"x")]),
     "absolute path": lambda: _zip([("/tmp/firepool-evil.py", b"x")]),
-    "drive letter": lambda: _zip([("C:/evil.py", b"x")]),
     "backslash dot-dot": lambda: _zip([("..\\evil.py", b"x")]),
     "backslash in name": lambda: _zip([("a\\b.py", b"x")]),
     "symlink entry": lambda: _mode("link", stat.S_IFLNK | 0o777, b"/etc/passwd"),
@@ -130,6 +129,15 @@ CORPUS: dict[str, Callable[[], bytes]] = {
     "truncated archive": lambda: _zip([("a.py", b"x" * 1000)])[:-30],
     "not a zip": lambda: b"#!/bin/sh\necho pwned\n",
     "too large compressed": lambda: _zip([("r.bin", os.urandom(13 * MiB))], compresslevel=0),
+    "path deeper than the cap": lambda: _zip([("a/" * 64 + "evil.py", b"x")]),
+    "path deeper than the recursion limit": lambda: _zip([("a/" * 1500 + "evil.py", b"x")]),
+    "name longer than the cap": lambda: _zip([("/".join(["d" * 250] * 16) + "/evil.py", b"x")]),
+    "more implied directories than the cap": lambda: _zip(
+        [(f"d{i}/" + "a/" * 59 + "evil.py", b"x") for i in range(10)]
+    ),
+    "zip bomb by many entries at the ratio threshold": lambda: _zip(
+        [(f"z{i}", b"\0" * MiB) for i in range(7)]
+    ),
 }
 
 
