@@ -15,6 +15,7 @@ Unknown keys are rejected with the key's name, like every other input.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,13 @@ from typing import Any, Literal
 import yaml
 
 from functions.errors import FirepoolError, InvalidRequest, UnknownField
+
+POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+"""Pool (sku) and accelerator names: a function's ``sku`` takes the same form, and the name
+becomes part of pod names, cgroup paths and metric labels (``zz/../../x`` put a pool's
+cgroups outside the broker's tree: adversarial run)."""
+MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+"""A dotted module name, as ``preload`` takes them."""
 
 TagMode = Literal["retire", "switch", "hint"]
 TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
@@ -90,8 +98,26 @@ class PoolSpec:
         """Raises ``InvalidRequest`` naming the first knob of the wrong type or out of range:
         a pool that can never scale (``step: 0``), a floor above its ceiling or a negative
         keep-alive would otherwise run quietly wrong."""
-        if not isinstance(self.sku, str) or not self.sku:
-            raise InvalidRequest("a pool needs a non-empty sku name", field="sku")
+        for name in ("sku", "accelerator"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not POOL_NAME_RE.fullmatch(value):
+                raise InvalidRequest(
+                    f"pool {self.sku!r}: {name} must be 1-63 of a-z, 0-9, '_' and '-' "
+                    f"(starting with a letter or digit), not {value!r}",
+                    field=name,
+                )
+        if not isinstance(self.template, str) or not self.template:
+            raise InvalidRequest(
+                f"pool {self.sku!r}: template must be a non-empty string, not {self.template!r}",
+                field="template",
+            )
+        for module in self.preload:
+            if not isinstance(module, str) or not MODULE_RE.fullmatch(module):
+                raise InvalidRequest(
+                    f"pool {self.sku!r}: preload takes module names such as numpy or "
+                    f"torch.nn, not {module!r}",
+                    field="preload",
+                )
         least = {"units_per_pod": 1, "min_count": 0, "max_idle_count": 0, "max_count": 0,
                  "step": 1, "standbys_per_active": 0, "tmpfs_mb": 1}  # fmt: skip
         for name, low in least.items():
@@ -163,6 +189,30 @@ class Catalog:
     gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """GPU UUIDs per accelerator this broker may use on the local backend; an accelerator not
     listed uses every card NVML reports whose name matches it (e.g. ``h200``)."""
+
+    def __post_init__(self) -> None:
+        """Raises ``InvalidRequest`` for a pool that can never place a pod: one pod of it is
+        more than its accelerator's budget, or the other pools' floors on that budget keep
+        every unit it would need (the floors are never reclaimed, so its jobs would queue
+        forever beside idle floor pods: adversarial run)."""
+        for sku, pool in self.pools.items():
+            budget = self.budgets.get(pool.accelerator)
+            if budget is None:
+                continue
+            floors = sum(
+                other.min_count * other.units_per_pod
+                for other in self.pools.values()
+                if other.accelerator == pool.accelerator and other is not pool
+            )
+            own = max(1, pool.min_count) * pool.units_per_pod
+            if floors + own > budget:
+                raise InvalidRequest(
+                    f"pool {sku!r} needs {own} {pool.accelerator} units for its "
+                    f"{'floor' if pool.min_count > 1 else 'first pod'}, but the "
+                    f"{pool.accelerator} budget is {budget} and the other pools' floors "
+                    f"(min_count x units_per_pod) keep {floors} of it",
+                    field=f"pools.{sku}",
+                )
 
     def limits_for(self, caller: str) -> CallerLimits:
         return self.caller_limits.get(caller, self.limits)

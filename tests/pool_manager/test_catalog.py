@@ -65,6 +65,12 @@ def test_an_unknown_tag_mode_is_rejected_with_the_choices() -> None:
         ({"tmpfs_mb": "1G"}, "tmpfs_mb"),
         ({"zygote": "yes"}, "zygote"),
         ({"preload": "numpy"}, "preload"),
+        ({"preload": [1, None]}, "preload"),
+        ({"preload": ["numpy; import os"]}, "preload"),
+        ({"accelerator": 5}, "accelerator"),
+        ({"accelerator": ""}, "accelerator"),
+        ({"accelerator": "H200"}, "accelerator"),
+        ({"template": ["a"]}, "template"),
     ],
 )
 def test_a_knob_out_of_range_or_of_the_wrong_type_is_named(
@@ -89,6 +95,41 @@ def test_a_section_of_the_wrong_shape_is_named(data: dict[str, object], field: s
     with pytest.raises(InvalidRequest) as exc:
         Catalog.from_mapping(data)
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize("name", ["zz/../../fpadv3", "", "CPU", "a b", "-x", "x" * 64])
+def test_a_pool_name_that_would_leave_its_place_in_a_path_is_refused(name: str) -> None:
+    """Pool names become parts of pod names and cgroup paths: ``zz/../../fpadv3`` put a
+    pool's cgroups at the root of the host's cgroup tree (adversarial run)."""
+    with pytest.raises(InvalidRequest) as exc:
+        Catalog.from_mapping({"pools": {name: {}}})
+    assert exc.value.field == "sku"
+
+
+@pytest.mark.parametrize(
+    ("budgets", "pools", "starved"),
+    [
+        ({"cpu": 1}, {"a": {"min_count": 1}, "b": {}}, "b"),
+        ({"h200": 2}, {"g": {"accelerator": "h200", "units_per_pod": 4}}, "g"),
+        ({"h200": 2}, {"g": {"accelerator": "h200", "min_count": 3, "max_count": 4}}, "g"),
+        ({"cpu": 4}, {"a": {"min_count": 2, "units_per_pod": 2}, "b": {}}, "b"),
+    ],
+)
+def test_a_pool_that_could_never_place_a_pod_is_refused(
+    budgets: dict[str, int], pools: dict[str, object], starved: str
+) -> None:
+    """Budget 1, pool ``a`` with a floor of 1: pool ``b``'s jobs queued forever beside the
+    idle floor pod (adversarial run, 4 of 4)."""
+    with pytest.raises(InvalidRequest) as exc:
+        Catalog.from_mapping({"budgets": budgets, "pools": pools})
+    assert exc.value.field == f"pools.{starved}", exc.value.message
+
+
+def test_floors_that_leave_room_for_every_pool_are_accepted() -> None:
+    catalog = Catalog.from_mapping(
+        {"budgets": {"cpu": 2}, "pools": {"a": {"min_count": 1}, "b": {"min_count": 1}}}
+    )
+    assert set(catalog.pools) == {"a", "b"}
 
 
 def test_the_edges_of_every_range_are_accepted() -> None:
