@@ -56,6 +56,28 @@ def test_a_caller_limit_miss_does_not_hold_back_other_callers() -> None:
     assert result.waiting == [alice]
 
 
+def test_a_job_held_back_by_its_callers_limit_is_no_demand_for_the_scaler() -> None:
+    """Alice at her own ``max_pods`` made the scaler break Bob's hold and start a pod she
+    could not use, which Bob's next job then took as ``idle`` (adversarial run, 4 of 4)."""
+    t = make_tracker(
+        make_spec(min_count=0, max_count=2, caller_hold_s=100.0, hold_min_tenure_s=0.0),
+        limits=CallerLimits(max_pods=1),
+    )
+    add_ready(t, "bobs")
+    run_job(t, make_request("bob", tag="s"), now=1.0)
+    add_ready(t, "alices")
+    running = make_request("alice")
+    got = t.claim(running, 2.0)
+    assert isinstance(got, Lease)
+    t.launched(running.job_id, 2.0)
+    more = make_request("alice")
+    result = dispatch_pass(t, [more], 3.0, reconcile=True)
+    assert result.waiting == [more] and result.leases == []
+    assert result.actions == [], "no hold broken, no pod started for it"
+    again = t.claim(make_request("bob", tag="s"), 4.0)
+    assert isinstance(again, Lease) and again.path == "warm"
+
+
 def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> None:
     t = make_tracker(make_spec("gpu"))
     add_ready(t, sku="gpu", gpu="G0")
