@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from functions.errors import InvalidRequest, NotFound
+from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.package_store import LocalPackageStore, UrlSigner
 from functions.spec import FunctionSpec
 from gateway import PROCESS_STARTED
@@ -37,6 +37,7 @@ from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.backends.local import LocalBackend, operator_home
 from pool_manager.catalog import Catalog
+from pool_manager.pod_index import gpus_per_pod
 from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
 
@@ -339,6 +340,21 @@ class Broker:
         self._latest.pop(name, None)
 
     # -- jobs ---------------------------------------------------------------------------
+    def _check_fits_caller(self, spec: FunctionSpec, caller: str) -> None:
+        """``Forbidden`` for a job larger than its caller's own limits allow at once: it
+        could never be placed (a 2-pod gang for a ``max_pods: 1`` caller was accepted and
+        queued forever, 2 idle pods kept for it: adversarial run)."""
+        limits = self.catalog.limits_for(caller)
+        pool = self.catalog.pool(spec.sku)
+        gpus = spec.pods * gpus_per_pod(pool)
+        for limit, want, what in ((limits.max_pods, spec.pods, "pods"),
+                                  (limits.max_gpus, gpus, "GPUs")):  # fmt: skip
+            if limit is not None and want > limit:
+                raise Forbidden(
+                    f"function {spec.name!r} needs {want} {what} at once; caller {caller!r} "
+                    f"may hold at most {limit} (max_{what.lower()} in the catalog's limits)"
+                )
+
     async def submit(
         self,
         principal: Principal,
@@ -348,6 +364,7 @@ class Broker:
         request_hash: str | None,
     ) -> tuple[Job, bool]:
         spec = await self.latest_function(name)
+        self._check_fits_caller(spec, principal.caller)
         job = Job(
             id=new_job_id(),
             function=spec.name,

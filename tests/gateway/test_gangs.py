@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from functions.sdk import ApiError
 from gateway.auth import Role
+from gateway.harness import kill_pods, start_broker
 from tests.conftest import BEHAVIOURS, BrokerServer
 
 
@@ -30,3 +36,26 @@ def test_a_gang_runs_on_distinct_pods_with_rank_env_the_user_cannot_override(
     assert out["FIREPOOL_CALLER"] == "gang-user"
     assert again["acquisition"]["path"] == "warm"
     assert sorted(again["attempts"][0]["pods"]) == sorted(pods), "both pods return warm"
+
+
+def test_a_gang_larger_than_its_callers_limit_is_refused_at_submit(tmp_path: Path) -> None:
+    """A 2-pod gang for a ``max_pods: 1`` caller was accepted and queued forever, with two
+    idle pods kept for it (adversarial run, 4 of 4)."""
+    catalog = (
+        "limits: {max_pods: 1}\ncaller_limits: {trainer: {max_pods: 2}}\n"
+        "pools:\n  cpu: {min_count: 0, max_count: 2}\n"
+    )
+    server = start_broker(tmp_path / "home", catalog)
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="pair", sku="cpu", entrypoint="behaviours:ranks", pods=2)
+        with server.client("alice") as fp, pytest.raises(ApiError) as refused:
+            fp.submit("pair", None)
+        assert (refused.value.status, refused.value.error_class) == (403, "Forbidden")
+        assert "needs 2 pods at once" in refused.value.message
+        assert "at most 1" in refused.value.message
+        with server.client("trainer") as fp:
+            assert fp.invoke("pair", None)["state"] == "SUCCEEDED"
+    finally:
+        server.stop()
+        kill_pods(tmp_path / "home")
