@@ -28,7 +28,7 @@ from gateway.executor import Executor
 from gateway.jobs import Job
 from gateway.lifecycle import LogArchive, PodRecycler
 from gateway.package_check import check_package_file
-from gateway.pods import PodManager
+from gateway.pods import IDLE_CHECK_S, PodManager
 from gateway.recovery import recover
 from gateway.settings import Settings, private_home
 from gateway.store import JobStore, StoreSettings, open_store
@@ -91,6 +91,7 @@ class Broker:
         self._sweep_task: asyncio.Task[None] | None = None
         self._gpu_task: asyncio.Task[None] | None = None
         self._lock_task: asyncio.Task[None] | None = None
+        self._idle_task: asyncio.Task[None] | None = None
         self.ready = False
         self.accepting = True
         self.refusal = "the broker is shutting down"
@@ -163,6 +164,7 @@ class Broker:
         self._sweep_task = loop.create_task(self._retention_sweeps())
         self._gpu_task = loop.create_task(self._gpu_sweeps())
         self._lock_task = loop.create_task(self._lock_checks())
+        self._idle_task = loop.create_task(self._idle_pod_checks())
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -191,6 +193,17 @@ class Broker:
                 self.accepting = self.ready = False
                 self.dispatcher.halt()
                 return
+
+    async def _idle_pod_checks(self) -> None:
+        """Every ``IDLE_CHECK_S``, retire idle pods whose backend says they stopped
+        (``PodManager.retire_exited``): a pod that died while idle was handed to the next
+        job, which failed ``PodLost`` (adversarial run, 4 of 4)."""
+        while True:
+            await asyncio.sleep(IDLE_CHECK_S)
+            try:
+                await self.pods.retire_exited()
+            except Exception:
+                log.exception("checking idle pods failed; trying again")
 
     async def _retention_sweeps(self) -> None:
         """Expire outputs past the result retention, and delete their logs."""
@@ -238,7 +251,7 @@ class Broker:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for task in (self._sweep_task, self._gpu_task, self._lock_task):
+        for task in (self._sweep_task, self._gpu_task, self._lock_task, self._idle_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

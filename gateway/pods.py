@@ -21,6 +21,7 @@ from gateway.background import BackgroundTasks
 from pool_manager.backends.base import PodBackend
 from pool_manager.catalog import Catalog
 from pool_manager.model import CreatePod, DeletePod, PodInfo
+from pool_manager.states import PodState
 from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.pods")
@@ -30,6 +31,8 @@ READY_PROBE_MAX_S = 0.2
 READY_PROBE_FRACTION = 0.1
 EXITED_CHECK_S = 0.5
 """How often a pod that is not ready yet is checked for having stopped (``PodBackend.exited``)."""
+IDLE_CHECK_S = 2.0
+"""How often idle pods are checked for having stopped (``PodManager.retire_exited``)."""
 RETIRE_ANNOTATION = "firepool/retire-after"
 """Set on a pod before a job runs on it that the pod must not outlive (a single-use job, or
 one that recycled another session's pod): a broker restarted meanwhile retires the pod
@@ -179,6 +182,23 @@ class PodManager:
                 next_check = loop.time() + EXITED_CHECK_S
             await asyncio.sleep(ready_probe_delay(loop.time() - start))
         return False
+
+    async def retire_exited(self) -> list[str]:
+        """Retire and delete every idle pod whose backend reports it stopped (its agent
+        died, or someone killed it): otherwise the next claim takes it and that job fails
+        ``PodLost``. A pod claimed between the check and the retire is left to its job.
+        Returns the pods retired."""
+        idle = [pod.name for pod in self.tracker.pods() if pod.state is PodState.IDLE]
+        gone = [name for name in idle if await self.backend.exited(name)]
+        retired = []
+        for name in gone:
+            if self.tracker.retire(name, "exited_while_idle", self.clock()):
+                log.warning("pod %s stopped while idle; deleting it", name)
+                self.delete(name, "exited_while_idle")
+                retired.append(name)
+        if retired:
+            self.on_change()  # a pool below its floor, or a job that wanted it, replans
+        return retired
 
     def delete(self, name: str, reason: str) -> None:
         if name in self._deleting:

@@ -30,7 +30,7 @@ from gateway.app import create_app
 from gateway.auth import Role
 from gateway.broker import Broker
 from gateway.executor import Executor, Outcome
-from gateway.harness import free_port, kill_pods
+from gateway.harness import free_port, kill_pods, start_broker
 from gateway.settings import Settings
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
@@ -237,3 +237,37 @@ def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
     assert job["state"] == "FAILED" and job["error"]["class"] == "PodLost", job
     assert "owner could not be recorded" in job["error"]["message"]
     assert len(job["attempts"]) == 2 and job["timings"]["first_instruction"] is None, job
+
+
+def test_an_idle_pod_that_stops_is_replaced_before_a_job_gets_it(tmp_path: Path) -> None:
+    """A floor pod killed while idle stayed IDLE; the next job was handed to it and failed
+    ``PodLost`` (``max_retries: 0``; adversarial run, 4 of 4)."""
+    catalog = "pools:\n  cpu: {min_count: 1, max_idle_count: 1, max_count: 2}\n"
+    server = start_broker(tmp_path / "home", catalog)
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop",
+                      max_retries=0)  # fmt: skip
+        with server.client("ops", Role.ADMIN) as fp:
+
+            def pods(state: str | None = None) -> list[str]:
+                listed = fp._http.get("/v1/pools?pods=1").json()["pod_list"]
+                return [p["name"] for p in listed if state in (None, p["state"])]
+
+            deadline = time.monotonic() + 30
+            while not (idle := pods("IDLE")):
+                assert time.monotonic() < deadline, "no floor pod"
+                time.sleep(0.1)
+            os.kill(agent_pid(idle[0]), signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while idle[0] in pods():
+                assert time.monotonic() < deadline, "the dead pod is still tracked"
+                time.sleep(0.2)
+        with server.client("alice") as fp:
+            job = fp.invoke("noop", {})
+        assert job["state"] == "SUCCEEDED", job["error"]
+        assert job["attempts"][0]["pods"] != idle
+        assert "stopped while idle" in server.log()
+    finally:
+        server.stop()
+        kill_pods(tmp_path / "home")
