@@ -14,6 +14,7 @@ import random
 import secrets
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from functions.errors import Forbidden, InvalidRequest, NotFound
@@ -33,6 +34,7 @@ from gateway.recovery import recover
 from gateway.settings import Settings, private_home
 from gateway.store import JobStore, StoreSettings, open_store
 from gateway.store.store import STATEMENT_OVERHEAD
+from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.backends.local import LocalBackend, operator_home
@@ -51,6 +53,29 @@ def new_job_id() -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
     (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
     return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
+
+
+def check_function_env(env: Mapping[str, str]) -> None:
+    """``InvalidRequest`` (field ``env``) for a variable the pod's agent would drop
+    (``pod_runtime.jobenv.user_var_allowed``: a reserved name such as ``LD_PRELOAD``, a name
+    that is not an identifier, a value over 32 KiB) or more than 256 of them: they were
+    stored, then silently missing from every job (adversarial run, 3 of 3)."""
+    if len(env) > MAX_USER_VARS:
+        raise InvalidRequest(
+            f"env has {len(env)} variables; a job gets at most {MAX_USER_VARS}", field="env"
+        )
+    for name, value in env.items():
+        if len(value) > MAX_VALUE:
+            raise InvalidRequest(
+                f"env {name}: the value is {len(value)} characters; the cap is {MAX_VALUE}",
+                field="env",
+            )
+        if not user_var_allowed(name, value):
+            raise InvalidRequest(
+                f"env {name!r} is reserved by the pod or not a valid variable name "
+                "(docs/pod_runtime.md lists the names a job's environment may not set)",
+                field="env",
+            )
 
 
 class Broker:
@@ -299,6 +324,7 @@ class Broker:
         than the pool's ceiling or its accelerator's budget, a package not uploaded; and
         ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
         spec.validate()
+        check_function_env(spec.env)
         pool = self.catalog.pool(spec.sku)
         budget = self.catalog.budget(pool.accelerator)
         most = pool.max_count

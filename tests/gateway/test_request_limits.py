@@ -10,12 +10,13 @@ import orjson
 import pytest
 
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, nests_deeper
+from functions.packaging import package_digest
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.executor import Outcome
 from gateway.retry_policy import decide
 from pod_runtime import job_main
-from tests.conftest import BEHAVIOURS, BrokerServer
+from tests.conftest import BEHAVIOURS, EXAMPLES, BrokerServer
 
 
 def _nest(depth: int) -> Any:
@@ -155,9 +156,11 @@ def test_the_edges_of_the_listing_limit_and_the_switches_are_accepted(server: Br
 
 
 def _noop_spec(server: BrokerServer) -> dict[str, Any]:
-    with _http(server) as http:
-        noop = http.get("/v1/functions/noop").json()
-    return {"name": "bad", "sku": "cpu", "package_digest": noop["package_digest"]}
+    """A registration body on the noop package, uploaded by this test's caller (only an
+    uploader may register a function on a package)."""
+    with server.client("limits-user", Role.DEPLOY) as fp:
+        digest = fp.upload(package_digest(EXAMPLES / "noop")[1])
+    return {"name": "bad", "sku": "cpu", "package_digest": digest}
 
 
 @pytest.mark.parametrize(
@@ -167,6 +170,11 @@ def _noop_spec(server: BrokerServer) -> dict[str, Any]:
         ({"entrypoint": "noop:noop", "env": {"A\u0000B": "1"}}, "env"),
         ({"entrypoint": "noop:noop", "env": {"A=B": "1"}}, "env"),
         ({"entrypoint": "noop:noop", "env": {"A": "x\u0000y"}}, "env"),
+        # What the pod's agent would drop: stored, then silently missing from every job.
+        ({"entrypoint": "noop:noop", "env": {"LD_PRELOAD": "/x.so"}}, "env"),
+        ({"entrypoint": "noop:noop", "env": {"FIREPOOL_CALLER": "someone"}}, "env"),
+        ({"entrypoint": "noop:noop", "env": {"BIG": "x" * 40_000}}, "env"),
+        ({"entrypoint": "noop:noop", "env": {f"V{i}": "1" for i in range(257)}}, "env"),
         ({"entrypoint": "noop:noop", "pods": 9}, "pods"),
     ],
 )
