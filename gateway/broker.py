@@ -365,12 +365,17 @@ class Broker:
 
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an
-        admin)."""
+        admin). Its queued jobs then fail ``NotFound`` when their turn comes (the dispatcher
+        reads the version again), as after a restart; running ones finish. (Before, they ran
+        on the deleted version unless the broker had restarted meanwhile.)"""
         self._forget_latest(name)
         try:
             return await self.jobs.delete_function(name, caller)
         finally:
             self._forget_latest(name)
+            specs = self.dispatcher.specs
+            for key in [key for key in specs if key[0] == name]:
+                del specs[key]
 
     def _forget_latest(self, name: str) -> None:
         """Around a register or delete: drop the cached latest version, and make any read

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
 from functions.sdk import ApiError
 from gateway.auth import Role
+from gateway.harness import kill_pods, start_broker
 from pool_manager.backends.local import stop_pod
 from tests.conftest import BEHAVIOURS, EXAMPLES, BrokerServer, wait_running
 
@@ -194,3 +196,27 @@ def test_probes_metrics_and_schema_answer(broker_server: BrokerServer) -> None:
     assert len(held) == 1 and float(held[0].split()[-1]) > 0
     schema = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/functions/{name}:invoke" in schema["paths"]
+
+
+def test_a_queued_job_of_a_deleted_function_fails_NotFound_as_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Queued jobs of a deleted function ran on the deleted version (even after another
+    caller registered the name again) unless the broker restarted first, when they failed
+    ``NotFound`` (adversarial run, 3 of 3 each way)."""
+    catalog = "budgets: {cpu: 1}\npools:\n  cpu: {min_count: 0, max_idle_count: 0, max_count: 1}\n"
+    server = start_broker(tmp_path / "home", catalog)
+    try:
+        with server.client("dev", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="busy", sku="cpu", entrypoint="behaviours:sleep")
+            fp.deploy(BEHAVIOURS, name="doomed", sku="cpu", entrypoint="behaviours:sleep")
+            blocker = fp.submit("busy", 2.0)
+            wait_running(fp, blocker)
+            queued = fp.submit("doomed", 0)
+            assert fp.delete_function("doomed") == {"deleted": "doomed"}
+            job = fp.wait(queued, timeout_s=60)
+        assert (job["state"], job["error"]["class"]) == ("FAILED", "NotFound"), job
+        assert job["attempts"] == [], "no attempt ran"
+    finally:
+        server.stop()
+        kill_pods(tmp_path / "home")
