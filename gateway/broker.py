@@ -384,12 +384,18 @@ class Broker:
         self._latest.pop(name, None)
 
     # -- jobs ---------------------------------------------------------------------------
-    def _check_fits_caller(self, spec: FunctionSpec, caller: str) -> None:
-        """``Forbidden`` for a job larger than its caller's own limits allow at once: it
-        could never be placed (a 2-pod gang for a ``max_pods: 1`` caller was accepted and
-        queued forever, 2 idle pods kept for it: adversarial run)."""
+    def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:
+        """Refuse a job that could never be placed: ``NotFound`` if its function's pool is
+        not in the catalog (removed since it was registered), ``Forbidden`` if it needs
+        more than its caller's own limits allow at once (a 2-pod gang for a ``max_pods: 1``
+        caller was accepted and queued forever, 2 idle pods kept for it: adversarial run)."""
         limits = self.catalog.limits_for(caller)
-        pool = self.catalog.pool(spec.sku)
+        pool = self.catalog.pools.get(spec.sku)
+        if pool is None:  # registered under a catalog that had it
+            raise NotFound(
+                f"function {spec.name!r} runs on pool {spec.sku!r}, which this broker's "
+                "catalog does not have"
+            )
         gpus = spec.pods * gpus_per_pod(pool)
         for limit, want, what in ((limits.max_pods, spec.pods, "pods"),
                                   (limits.max_gpus, gpus, "GPUs")):  # fmt: skip
@@ -408,7 +414,7 @@ class Broker:
         request_hash: str | None,
     ) -> tuple[Job, bool]:
         spec = await self.latest_function(name)
-        self._check_fits_caller(spec, principal.caller)
+        self._check_placeable(spec, principal.caller)
         job = Job(
             id=new_job_id(),
             function=spec.name,

@@ -155,6 +155,10 @@ async def recover(broker: Broker) -> None:
         broker.pods.delete(delete.name, delete.reason)
     dispatcher = broker.dispatcher
     for job in requeue:
+        if job.sku not in broker.catalog.pools:
+            # Its pool left the catalog: it could only wait forever (adversarial run).
+            await _fail_unplaceable(broker, job, now)
+            continue
         if job.state is JobState.RUNNING:
             # Never launched, or its pods are gone: no user code of this attempt is running.
             revision = job.revision
@@ -176,6 +180,19 @@ async def recover(broker: Broker) -> None:
     log.info(
         "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
     )
+
+
+async def _fail_unplaceable(broker: Broker, job: Job, now: float) -> None:
+    """Fail ``job``, whose pool this broker's catalog no longer has, ``NotFound``."""
+    revision = job.revision
+    message = f"pool {job.sku!r} is not in this broker's catalog any more"
+    job.state, job.finished = JobState.FAILED, now
+    job.error = {"class": str(ErrorClass.NOT_FOUND), "message": message}
+    if job.attempts and job.attempts[-1].error is None:
+        job.attempts[-1].error = dict(job.error)
+        job.attempts[-1].finished = now
+    await broker.jobs.update(job, revision)
+    log.warning("job %s failed: %s", job.id, message)
 
 
 async def _lost_while_down(

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from functions.sdk import Client
+from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from gateway.lifecycle import PodRecycler
@@ -269,6 +269,35 @@ def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
             after = fp.invoke("sleep", 0, lease_tag="s2")
         assert after["acquisition"]["path"] != "warm", after["acquisition"]
         assert after["attempts"][0]["pods"] != used, "the pod retired after its job"
+    finally:
+        server.stop()
+        kill_pods(home)
+
+
+def test_jobs_of_a_pool_removed_from_the_catalog_fail_after_the_restart(tmp_path: Path) -> None:
+    """After a restart on a catalog without their pool, jobs stayed QUEUED for good and new
+    invokes were accepted (adversarial run, 4 of 4)."""
+    home = tmp_path / "home"
+    both = "pools:\n  cpu: {min_count: 0}\n  extra: {min_count: 0, max_count: 1}\n"
+    server = start_broker(home, both)
+    try:
+        with server.client("deployer", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="on-extra", sku="extra", entrypoint="behaviours:sleep")
+        with server.client("alice") as fp:
+            running = fp.submit("on-extra", 30)
+            wait_running(fp, running)
+            queued = fp.submit("on-extra", 0)
+        server.kill()
+        server = start_broker(home, "pools:\n  cpu: {min_count: 0}\n",
+                              port=int(server.url.rsplit(":", 1)[1]))  # fmt: skip
+        with server.client("alice") as fp:
+            for job_id in (running, queued):
+                job = fp.wait(job_id, timeout_s=30)
+                assert (job["state"], job["error"]["class"]) == ("FAILED", "NotFound"), job
+                assert "'extra' is not in this broker's catalog" in job["error"]["message"]
+            with pytest.raises(ApiError) as refused:
+                fp.submit("on-extra", 0)
+        assert (refused.value.status, refused.value.error_class) == (404, "NotFound")
     finally:
         server.stop()
         kill_pods(home)
