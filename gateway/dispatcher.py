@@ -219,9 +219,12 @@ class Dispatcher:
                 raise LookupError(f"function {job.function} v{job.version} is gone")
             await self.store.update(job, revision)
         except Exception as exc:
-            # No user code ran: give the pods back exactly as they were.
+            # No user code ran: give the pods back exactly as they were, and the claim's
+            # count (it was counted when made; a job re-queued by a store outage counted
+            # twice: adversarial run).
             del self.starting[job.id]
             self.tracker.unclaim(job.id, self.clock())
+            self.counters[f"path_{lease.path}"] -= 1
             job.attempts.pop()
             job.state = JobState.QUEUED
             if isinstance(exc, LookupError):

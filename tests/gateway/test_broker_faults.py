@@ -271,3 +271,27 @@ def test_an_idle_pod_that_stops_is_replaced_before_a_job_gets_it(tmp_path: Path)
     finally:
         server.stop()
         kill_pods(tmp_path / "home")
+
+
+def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``firepool_acquisitions_total`` counted the claim a failed RUNNING commit undid, so
+    one attempt read as two acquisitions (adversarial run, 3 of 3)."""
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        real_update = broker.jobs.update
+        failed: list[str] = []
+
+        async def flaky_update(job: Any, revision: int) -> Any:
+            if job.state.value == "RUNNING" and not failed:
+                failed.append(job.id)
+                raise OperationalError("UPDATE ...", {}, Exception("database is locked"))
+            return await real_update(job, revision)
+
+        monkeypatch.setattr(broker.jobs, "update", flaky_update)
+        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600)) as fp:
+            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+            job = fp.invoke("noop", {})
+        claims = {k: v for k, v in broker.counters.items() if k.startswith("path_")}
+    assert job["state"] == "SUCCEEDED" and failed == [job["id"]], (job["state"], failed)
+    assert sum(claims.values()) == 1, claims
