@@ -54,6 +54,12 @@ class LocalPackageStore:
     def __init__(self, root: Path, signer: UrlSigner, base_url: str, ttl_s: int = 900) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self.staging = root / ".uploads"
+        """Uploads in progress; what a stopped broker left there is removed here (one
+        broker per state directory: ``gateway.exclusive``)."""
+        self.staging.mkdir(exist_ok=True)
+        for stale in self.staging.iterdir():
+            stale.unlink(missing_ok=True)
         self.signer = signer
         self.base_url = base_url.rstrip("/")
         self.ttl_s = ttl_s
@@ -68,31 +74,16 @@ class LocalPackageStore:
     def put(self, digest: str, data: bytes, check: Callable[[Path], None] | None = None) -> bool:
         """Store ``data`` under ``digest`` if it matches (and ``check`` accepts the written
         file, before it becomes visible); return whether it was new."""
-        target = self.path(digest)
-        if len(data) > MAX_PACKAGE_BYTES:
-            raise PackageRejected(f"package is {len(data)} bytes; the cap is {MAX_PACKAGE_BYTES}")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != digest:
-            raise PackageRejected(f"body sha256 is {actual}, not {digest}")
-        if target.is_file():
-            return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if check is not None:
-                check(Path(tmp))
-            # A hard link publishes the blob only if no other writer has: of concurrent
-            # uploads of one digest exactly one is told it created it.
-            os.link(tmp, target)
-        except FileExistsError:
-            return False
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        return True
+        with self.upload() as upload:
+            upload.write(data)
+            return upload.commit(digest, check)
+
+    def upload(self) -> Upload:
+        """A blob written a chunk at a time (``Upload``): memory stays one chunk whatever
+        the size, where the whole body held in memory twice over cost ~2.3x each upload
+        (adversarial run: 4 parallel 400 MiB uploads peaked at 3.3 GiB)."""
+        fd, tmp = tempfile.mkstemp(dir=self.staging, prefix="upload-")
+        return Upload(self, fd, Path(tmp))
 
     def read(self, digest: str) -> bytes:
         return self.path(digest).read_bytes()
@@ -102,3 +93,58 @@ class LocalPackageStore:
         expires = int((time.time() if now is None else now) + self.ttl_s)
         query = urlencode({"exp": expires, "sig": self.signer.sign(digest, expires)})
         return f"{self.base_url}/v1/blobs/{digest}?{query}"
+
+
+class Upload:
+    """One blob being received: ``write`` chunks, then ``commit`` under the digest they must
+    hash to; the temporary file goes on ``close`` (a ``with`` block) whatever happened.
+
+    Not thread-safe: one writer. ``commit`` blocks (fsync, ``check``)."""
+
+    def __init__(self, store: LocalPackageStore, fd: int, tmp: Path) -> None:
+        self.store = store
+        self.size = 0
+        self._file = os.fdopen(fd, "wb")
+        self._tmp = tmp
+        self._hash = hashlib.sha256()
+
+    def write(self, chunk: bytes) -> None:
+        """Append ``chunk``; ``PackageRejected`` once the blob passes ``MAX_PACKAGE_BYTES``."""
+        self.size += len(chunk)
+        if self.size > MAX_PACKAGE_BYTES:
+            raise PackageRejected(f"package is over {MAX_PACKAGE_BYTES} bytes (the cap)")
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def commit(self, digest: str, check: Callable[[Path], None] | None = None) -> bool:
+        """Publish the blob under ``digest`` if its bytes hash to it and ``check`` accepts the
+        written file; return whether it was new (False: already stored, by anyone). Of
+        concurrent uploads of one digest exactly one is told it created it (a hard link
+        publishes only if no other writer has)."""
+        target = self.store.path(digest)
+        actual = self._hash.hexdigest()
+        if actual != digest:
+            raise PackageRejected(f"body sha256 is {actual}, not {digest}")
+        if target.is_file():
+            return False
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        if check is not None:
+            check(self._tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(self._tmp, target)
+        except FileExistsError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

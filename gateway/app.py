@@ -115,18 +115,24 @@ class JSONResponse(Response):
         return orjson.dumps(content)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 ``TooLarge`` as soon as it passes ``limit``."""
+async def body_chunks(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives, refused with 413 ``TooLarge`` as soon as it passes
+    ``limit`` (at once when its ``Content-Length`` says it will)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body is {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise TooLarge(f"the body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if chunk:
+            yield chunk
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 ``TooLarge`` as soon as it passes ``limit``."""
+    return b"".join([chunk async for chunk in body_chunks(request, limit)])
 
 
 async def _json_body(request: Request) -> bytes:
@@ -190,13 +196,15 @@ async def put_package(request: Request) -> Response:
     if request.method == "HEAD":  # 200 only to a caller who may use it: no existence oracle
         usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
         return Response(status_code=200 if usable else 404)
-    body = await read_body(request, broker.settings.max_body_bytes)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
     check = check_package_file if is_zip else None
-    created = await asyncio.to_thread(broker.packages.put, digest, body, check)
-    await broker.jobs.put_package(digest, len(body), principal.caller)
+    with broker.packages.upload() as upload:  # streamed to disk: one chunk in memory
+        async for chunk in body_chunks(request, broker.settings.max_body_bytes):
+            upload.write(chunk)
+        created = await asyncio.to_thread(upload.commit, digest, check)
+    await broker.jobs.put_package(digest, upload.size, principal.caller)
     return JSONResponse(
-        {"digest": digest, "size": len(body), "created": created},
+        {"digest": digest, "size": upload.size, "created": created},
         status_code=201 if created else 200,
     )
 

@@ -295,3 +295,32 @@ def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
         claims = {k: v for k, v in broker.counters.items() if k.startswith("path_")}
     assert job["state"] == "SUCCEEDED" and failed == [job["id"]], (job["state"], failed)
     assert sum(claims.values()) == 1, claims
+
+
+def test_an_upload_is_streamed_to_disk_not_held_in_memory(tmp_path: Path) -> None:
+    """The broker held each upload whole, about 2.3x over (adversarial run: 4 parallel
+    400 MiB uploads peaked at 3.3 GiB of broker memory)."""
+    import hashlib
+    import tracemalloc
+
+    chunk, count = b"x" * (1 << 20), 48
+    digest = hashlib.sha256(chunk * count).hexdigest()
+
+    def body() -> Iterator[bytes]:
+        for _ in range(count):
+            yield chunk
+
+    with in_process_broker(tmp_path / "home") as (broker, url):
+        token = broker.auth.mint("dev", Role.DEPLOY, 3600)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
+        tracemalloc.start()
+        try:
+            resp = httpx.put(f"{url}/v1/packages/{digest}", content=body(), headers=headers,
+                             timeout=60)  # fmt: skip
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        stored = broker.packages.path(digest).stat().st_size
+    assert resp.status_code == 201, resp.text
+    assert stored == len(chunk) * count
+    assert peak < 16 * (1 << 20), f"{peak / (1 << 20):.1f} MiB traced for a 48 MiB upload"
