@@ -1,5 +1,6 @@
 # Two commands: `make run` (set up, start the broker, run the example agent loop, keep serving)
-# and `make test` (the whole suite). Everything lives in ./.venv and ./.firepool.
+# and `make test` (the whole suite). Everything lives in ./.venv and ./.firepool ($FIREPOOL_HOME).
+# `make run PORT=8081 HOST=0.0.0.0` serves elsewhere; the demo prints the URL it used.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import httpx
 
 from examples import agent_loop
 from functions.sdk import Client
-from gateway.auth import Authenticator, Role, load_or_create_key
+from gateway.auth import Authenticator, Role, load_key
 from gateway.settings import Settings, private_home
 
 HERE = Path(__file__).parent
@@ -51,6 +52,22 @@ def deploy_examples(url: str, token: str) -> None:
                 HERE / "functions" / name, name=name, sku="cpu", entrypoint=entrypoint, timeout_s=60
             )
             print(f"deployed {name} v{fn['version']} ({fn['package_digest'][:12]}…)")
+
+
+def try_it(url: str, home: Path) -> str:
+    """What to paste to call the demo's broker: every command names its URL and state
+    directory, so it reaches this broker from any shell (``make run PORT=…`` printed a
+    ``firepool invoke`` that talked to :8080: adversarial run)."""
+    return (
+        "\nThe broker keeps serving. Try it (from this directory):\n"
+        f"  export FIREPOOL_URL={shlex.quote(url)} FIREPOOL_HOME={shlex.quote(str(home))}\n"
+        "  export FIREPOOL_TOKEN=$(.venv/bin/firepool token --caller me | tail -1)\n"
+        '  curl -s -X POST "$FIREPOOL_URL/v1/functions/noop:invoke" \\\n'
+        '    -H "Authorization: Bearer $FIREPOOL_TOKEN" -d \'{"input": {"hello": 1}}\'\n'
+        "  .venv/bin/firepool invoke rollout --input '{\"seed\": 7}' --tag mine\n"
+        "Ctrl-C stops the broker; its warm pods keep running for the next start "
+        "(`.venv/bin/firepool down` stops them once the broker is stopped)."
+    )
 
 
 def main() -> int:
@@ -87,21 +104,12 @@ def main() -> int:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(url, proc)
-        auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
+        auth = Authenticator(load_key(settings.home / "signing.key"), settings.audience)
         deploy_examples(url, auth.mint("deployer", Role.DEPLOY))
         tokens = {c: auth.mint(c) for c in ("alice", "bob", "trainer")}
         counts = agent_loop.run(url, tokens)
         print(f"acquisition paths: {counts}")
-        print(
-            "\nThe broker keeps serving. Try it:\n"
-            "  export FIREPOOL_TOKEN=$(.venv/bin/firepool token --caller me | tail -1)\n"
-            f"  curl -s -X POST {url}/v1/functions/noop:invoke \\\n"
-            '    -H "Authorization: Bearer $FIREPOOL_TOKEN" -d \'{"input": {"hello": 1}}\'\n'
-            "  .venv/bin/firepool invoke rollout --input '{\"seed\": 7}' --tag mine\n"
-            "Ctrl-C stops the broker; its warm pods keep running for the next start "
-            "(`.venv/bin/firepool down` stops them).",
-            flush=True,
-        )
+        print(try_it(url, settings.home), flush=True)
         if not args.once:
             proc.wait()
     except KeyboardInterrupt:

@@ -8,22 +8,23 @@ the server's typed error on failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx
 import orjson
 
-from functions.errors import FirepoolError, InvalidRequest, Unauthorized
+from functions.errors import Conflict, FirepoolError, InvalidRequest, Unauthorized
 from functions.sdk import ApiError, Client
-from gateway.auth import Authenticator, Role, load_or_create_key
+from gateway.auth import Authenticator, Role, load_key
 from gateway.settings import Settings
 
 
@@ -83,7 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(host=args.host, port=args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     broker = Broker(settings)
-    broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
+    with _store_answers(settings.resolved_store_url):  # a MySQL lock connects
+        broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
     _check_bindable(settings.host, settings.port)
     app = create_app(broker)
     uvicorn.run(
@@ -112,22 +114,92 @@ def _check_bindable(host: str, port: int) -> None:
         raise InvalidRequest(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+@contextlib.contextmanager
+def _store_answers(url: str) -> Iterator[None]:
+    """Run a block that connects to the job store at ``url``: a database that does not answer
+    (down, unreachable, refusing the login) or is not a Firepool one is one ``error:`` line
+    and exit 2, like a gateway that does not answer (an unreachable MySQL was about 120
+    lines of three tracebacks: adversarial run). The URL is shown without its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gateway.store import SchemaError
+
+    try:
+        yield
+    except (SQLAlchemyError, SchemaError) as exc:
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        shown = make_url(url).render_as_string(hide_password=True)
+        raise InvalidRequest(f"the job store {shown} (FIREPOOL_STORE_URL): {why}") from None
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     if not args.caller.strip():
         raise InvalidRequest("--caller must name someone (the gateway refuses an empty one)")
     settings = Settings.from_env()
-    auth = Authenticator(load_or_create_key(settings.home / "signing.key"), settings.audience)
+    try:  # never made here: a key of its own would sign tokens the broker refuses (401)
+        key = load_key(settings.home / "signing.key")
+    except FileNotFoundError:
+        raise InvalidRequest(
+            f"no signing key in {settings.home}: no broker has been started with "
+            f"FIREPOOL_HOME={settings.home}; start it first (`firepool serve`), or point "
+            "FIREPOOL_HOME at its state directory"
+        ) from None
+    auth = Authenticator(key, settings.audience)
     print(auth.mint(args.caller, Role(args.role), ttl_s=args.ttl or settings.token_ttl_s))
     return 0
+
+
+def _refuse_while_served(home: Path) -> None:
+    """``Conflict`` naming the broker's pid if one serves ``home``: stopping its pods killed
+    the jobs running on them (their user code then ran a second time) and the broker made
+    new pods at once (adversarial run). Takes the home's lock and gives it back at once."""
+    from gateway.exclusive import BrokerLocks  # SQLAlchemy: only ``down`` pays for it
+
+    lock = BrokerLocks(home, store_url="")
+    try:
+        lock.acquire_home()
+    except Conflict:
+        pid = (home / "broker.lock").read_text().strip() or "unknown"
+        raise Conflict(
+            f"a broker (pid {pid}) is serving FIREPOOL_HOME={home}: stopping its pods would "
+            "fail the jobs running on them, and it would start new ones; stop the broker "
+            "first (Ctrl-C), or pass --force"
+        ) from None
+    finally:
+        lock.release()
+
+
+def _running_pods(pods: Path) -> int:
+    """How many pod records under ``pods`` name a live launcher (a stopped pod's record and
+    directory stay until the next ``firepool serve`` deletes them)."""
+    from pool_manager.backends.local import pid_alive
+
+    running = 0
+    for record in pods.glob("*.json"):
+        try:
+            pid = json.loads(record.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pid, int) and pid_alive(pid):
+            running += 1
+    return running
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     from gateway.harness import kill_pods
 
-    settings = Settings.from_env()
-    pods = sorted((settings.home / "pods").glob("*.json"))
-    kill_pods(settings.home)
-    print(f"stopped {len(pods)} local pod(s) under {settings.home / 'pods'}")
+    home = Settings.from_env().home
+    if not home.is_dir():  # a typo in FIREPOOL_HOME said "stopped 0" while the pods ran on
+        raise InvalidRequest(f"FIREPOOL_HOME={home} does not exist: no pods to stop there")
+    if not args.force:
+        _refuse_while_served(home)
+    running = _running_pods(home / "pods")
+    kill_pods(home)
+    if running:
+        print(f"stopped {running} running pod(s) under {home / 'pods'}")
+    else:
+        print(f"no running pods under {home / 'pods'}")
     return 0
 
 
@@ -135,7 +207,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from gateway.store import migrate
 
     settings = Settings.from_env()
-    migrate(settings.resolved_store_url)
+    with _store_answers(settings.resolved_store_url):
+        migrate(settings.resolved_store_url)
     print(f"migrated {settings.resolved_store_url}")
     return 0
 
@@ -243,7 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ttl", type=_positive_int, help="lifetime in seconds (default 30 days)")
     s.set_defaults(fn=cmd_token)
 
-    s = sub.add_parser("down", help="stop every local pod (they outlive the broker by design)")
+    s = sub.add_parser(
+        "down",
+        help="stop every local pod (they outlive the broker by design)",
+        description="Stop every local pod under FIREPOOL_HOME (they outlive the broker by "
+        "design). Refused while a broker serves the home: stop it first. The pods' directories "
+        "and records stay, with their logs, until the next `firepool serve` there deletes them.",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="stop them even while a broker serves the home: its running jobs lose their pods "
+        "(and run again) and it starts new pods",
+    )
     s.set_defaults(fn=cmd_down)
 
     s = sub.add_parser("migrate", help="bring the job store schema to the current version")

@@ -78,6 +78,13 @@ class BrokerLocks:
             self.release()
             raise
 
+    def acquire_home(self) -> None:
+        """Take only the home's lock, or raise ``Conflict``: what ``firepool down`` holds for
+        a moment to learn whether a broker serves the home (not the store's, which a broker
+        of another home may hold on a shared store, and which on MySQL needs the server)."""
+        if not self.held:
+            self._lock_file(self.home / "broker.lock", f"the state directory {self.home}")
+
     def check(self) -> str | None:
         """Make sure every lock is still this broker's (blocking; ``Broker`` calls it every
         ``Settings.lock_check_s``, 30 s): a lock file whose path was removed or replaced is taken

@@ -7,13 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gateway.auth import Authenticator, Role, load_or_create_key
 from gateway.cli import main
-from gateway.harness import REPO, BrokerServer, free_port, kill_pods, wait_ready
+from gateway.harness import REPO, BrokerServer, free_port, kill_pods, start_broker, wait_ready
+from pool_manager.backends.local import pid_alive
 from tests.conftest import BEHAVIOURS, EXAMPLES
 
 
@@ -136,9 +138,10 @@ def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceba
 def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
     home = tmp_path / "demo"
     env = dict(os.environ, FIREPOOL_HOME=str(home))
+    port = free_port()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "examples.run_demo", "--once", "--port", str(free_port())],
+            [sys.executable, "-m", "examples.run_demo", "--once", "--port", str(port)],
             env=env,
             cwd=REPO,
             capture_output=True,
@@ -152,6 +155,56 @@ def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
     assert "alice starts a new episode" in proc.stdout
     assert "acquisition paths:" in proc.stdout
     assert "curl" in proc.stdout
+    # The hint names the broker it started: its `firepool invoke` talked to :8080 whatever
+    # PORT was (adversarial run).
+    assert f"export FIREPOOL_URL=http://127.0.0.1:{port} FIREPOOL_HOME={home}\n" in proc.stdout
+
+
+def _live_pods(home: Path) -> list[str]:
+    """The pods under ``home`` whose launcher runs (a record has no pid until it is spawned)."""
+    pids = {r.stem: json.loads(r.read_text()).get("pid") for r in (home / "pods").glob("*.json")}
+    return sorted(name for name, pid in pids.items() if isinstance(pid, int) and pid_alive(pid))
+
+
+def test_down_refuses_while_a_broker_serves_the_home_and_counts_running_pods(
+    tmp_path: Path,
+) -> None:
+    """``down`` under a running broker killed the pods of running jobs (their user code ran
+    again on new pods the broker made at once); repeated, it said "stopped 1 local pod(s)"
+    each time (it counted records, not running pods)."""
+    home = tmp_path / "home"
+    server = start_broker(home)
+    down = [sys.executable, "-m", "gateway.cli", "down"]
+    env = {**os.environ, "FIREPOOL_HOME": str(home)}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*down, *extra], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (pods := _live_pods(home)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the default catalog's floor pod, made once the broker is ready
+        assert pods
+        refused = run()
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused
+        assert refused.stderr.startswith(
+            f"error: a broker (pid {server.proc.pid}) is serving FIREPOOL_HOME={home}: "
+        ), refused.stderr
+        assert "stop the broker first (Ctrl-C), or pass --force" in refused.stderr
+        assert _live_pods(home) == pods, "a refused down stops nothing"
+        forced = run("--force")
+        assert forced.returncode == 0 and forced.stdout.startswith("stopped "), forced
+        assert not set(_live_pods(home)) & set(pods)
+        server.stop()
+        after = run()  # the pods the broker made after the forced down, if any
+        assert after.returncode == 0 and not _live_pods(home), after
+        again = run()
+        assert again.returncode == 0, again
+        assert again.stdout == f"no running pods under {home / 'pods'}\n"
+    finally:
+        server.stop()
+        kill_pods(home)
 
 
 def test_a_relative_state_directory_works(tmp_path: Path) -> None:

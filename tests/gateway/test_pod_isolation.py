@@ -111,7 +111,7 @@ def test_a_new_state_directory_is_private_and_an_open_one_is_reported(
     """Another broker's job store (0644 in a 0755 home) and packages were readable by any
     local user, and by jobs in pods (found by an adversarial run)."""
     home = tmp_path / "new" / "state"
-    key = load_or_create_key(home / "signing.key")  # ``firepool token`` before any serve
+    key = load_or_create_key(home / "signing.key")  # as ``firepool serve`` makes it
     assert home.stat().st_mode & 0o777 == 0o700
     assert (home / "signing.key").stat().st_mode & 0o777 == 0o600
     assert load_or_create_key(home / "signing.key") == key
