@@ -287,7 +287,10 @@ class Catalog:
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise InvalidRequest(f"{path}: not valid YAML: {exc}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise InvalidRequest(f"{path}: not valid YAML{where}: {problem}") from None
         if not isinstance(data, Mapping):
             raise InvalidRequest(f"{path}: a catalog is a mapping, not {type(data).__name__}")
         try:

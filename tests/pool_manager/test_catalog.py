@@ -152,3 +152,13 @@ def test_a_catalog_file_error_names_the_file(tmp_path: Path) -> None:
     path.write_text("- cpu\n")
     with pytest.raises(InvalidRequest, match="a catalog is a mapping, not list"):
         Catalog.load(path)
+
+
+def test_a_catalog_that_is_not_yaml_is_one_line_with_its_place(tmp_path: Path) -> None:
+    """PyYAML's own message is seven lines (new-user adversarial run)."""
+    path = tmp_path / "catalog.yaml"
+    path.write_text("pools:\n  cpu: {min_count: 1\n")
+    with pytest.raises(InvalidRequest) as exc:
+        Catalog.load(path)
+    assert "\n" not in exc.value.message
+    assert exc.value.message.startswith(f"{path}: not valid YAML (line 3, column 1): ")
