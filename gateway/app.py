@@ -449,6 +449,16 @@ async def pools(request: Request) -> Response:
     return JSONResponse(report)
 
 
+def _failing(broker: Broker, sku: str) -> dict[str, Any] | None:
+    """The pool's pods failing to start in a row (``PodManager.create_failures``), or None."""
+    failing = broker.pods.create_failures.get(sku)
+    if failing is None:
+        return None
+    retry_in = failing.until - asyncio.get_running_loop().time()
+    return {"in_a_row": failing.count, "last_error": failing.last_error,
+            "next_create_in_s": round(max(0.0, retry_in), 3)}  # fmt: skip
+
+
 def pool_report(broker: Broker) -> dict[str, Any]:
     out: dict[str, Any] = {}
     queued: dict[str, int] = {}
@@ -473,6 +483,7 @@ def pool_report(broker: Broker) -> dict[str, Any]:
             "floor": pool.min_count,
             "ceiling": pool.max_count,
             "idle_cap": pool.max_idle_count,
+            "failing": _failing(broker, sku),
         }
     held = broker.ledger.held_unit_seconds()
     budgets = {
