@@ -16,13 +16,18 @@ def test_a_gang_runs_on_distinct_pods_with_rank_env_the_user_cannot_override(
     broker_server: BrokerServer,
 ) -> None:
     with broker_server.client("gang-dev", Role.DEPLOY) as fp:
+        for reserved in ({"RANK": "7"}, {"WORLD_SIZE": "99"}):  # refused at registration
+            with pytest.raises(ApiError) as refused:
+                fp.deploy(BEHAVIOURS, name="ranks", sku="cpu", entrypoint="behaviours:ranks",
+                          pods=2, env={**reserved, "MY_SETTING": "x"})  # fmt: skip
+            assert (refused.value.status, refused.value.field) == (400, "env")
         fp.deploy(
             BEHAVIOURS,
             name="ranks",
             sku="cpu",
             entrypoint="behaviours:ranks",
             pods=2,
-            env={"RANK": "7", "WORLD_SIZE": "99", "MY_SETTING": "x"},
+            env={"MY_SETTING": "x"},
         )
     with broker_server.client("gang-user") as fp:
         job = fp.invoke("ranks", None, lease_tag="g")
