@@ -263,16 +263,34 @@ class Executor:
             except AgentUnreachable as exc:
                 await self.cancel(started, spec["attempt_id"])
                 return Outcome.pod_lost([pod], f"launch failed on {pod}: {exc}")
-        waits = [self.wait(p, specs[0]["attempt_id"], timeout) for p in pods]
-        results = await asyncio.gather(*waits)
-        lost = [p for p, r in zip(pods, results, strict=True) if r.lost_pods]
+        attempt_id = specs[0]["attempt_id"]
+        waits = {asyncio.ensure_future(self.wait(p, attempt_id, timeout)): p for p in pods}
+        results: dict[str, Outcome] = {}
+        failed: Outcome | None = None  # the first rank to fail: the gang's outcome
+        pending = set(waits)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = results[waits[task]] = task.result()
+                    if failed is None and (result.lost_pods or result.state != "succeeded"):
+                        # One rank failed: the others would wait on it (a collective) or
+                        # run on for nothing; they are stopped now, not at their own end
+                        # (rank 0 ran 20 s after rank 1 failed at 0 s: adversarial run).
+                        failed = result
+                        if pending:
+                            await self.cancel([waits[t] for t in pending], attempt_id)
+        finally:
+            for task in pending:  # cancelled from outside (an abandoned attempt)
+                task.cancel()
+        lost = [p for p in pods if results[p].lost_pods]
         if lost:
-            await self.cancel(pods, specs[0]["attempt_id"])
+            await self.cancel(pods, attempt_id)
             return Outcome.pod_lost(lost, f"rank pods lost: {lost}")
-        rank0 = results[0]
-        failed = next((r for r in results if r.state != "succeeded"), None)
-        if rank0.state == "succeeded" and failed is not None:
+        rank0 = results[pods[0]]
+        if failed is not None and failed is not rank0:
             rank0.state, rank0.error = failed.state, failed.error
+            rank0.exit_code = failed.exit_code
         return rank0
 
     async def wait(self, pod: str, attempt_id: str, timeout: float) -> Outcome:

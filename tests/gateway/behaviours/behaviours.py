@@ -35,6 +35,14 @@ def ranks(request):
     return {k: os.environ.get(k) for k in keys}
 
 
+def rank_one_fails(request):
+    """Rank 1 fails at once; every other rank sleeps ``request`` seconds."""
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank 1 gave up")
+    time.sleep(float(request))
+    return "slept"
+
+
 def gpu_env(request):
     return {
         k: v
