@@ -78,6 +78,24 @@ def test_a_job_held_back_by_its_callers_limit_is_no_demand_for_the_scaler() -> N
     assert isinstance(again, Lease) and again.path == "warm"
 
 
+def test_behind_a_gang_that_cannot_be_placed_jobs_take_only_their_own_warm_pods() -> None:
+    """A high-priority 2-pod gang waited out a whole stream of 1-pod jobs: each pod that
+    came free went to the next one (adversarial run, 4 of 4)."""
+    t = make_tracker(make_spec(min_count=0, max_count=4, caller_hold_s=100.0))
+    add_ready(t, "warm")
+    run_job(t, make_request("carol", tag="s"), now=1.0)
+    add_ready(t, "free")
+    gang = make_request("alice", pods=2)
+    other, warm = make_request("bob"), make_request("carol", tag="s")
+    result = dispatch_pass(t, [gang, other, warm], 2.0, reconcile=False, replan_waiting=False)
+    assert [(lease.job_id, lease.path) for lease in result.leases] == [(warm.job_id, "warm")]
+    assert result.waiting == [gang, other], "the free pod is kept for the gang"
+    add_ready(t, "more", now=2.5)
+    result = dispatch_pass(t, [gang, other], 3.0, reconcile=False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [gang.job_id]
+    assert result.waiting == [other]
+
+
 def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> None:
     t = make_tracker(make_spec("gpu"))
     add_ready(t, sku="gpu", gpu="G0")
@@ -168,12 +186,15 @@ def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
     result = dispatch_pass(fast, queue, 1.0, reconcile=False, replan_waiting=False)
     leases: list[Lease] = []
     waiting: list[ClaimRequest] = []
+    reserved: set[str] = set()  # the pools where a gang missed: warm claims only behind it
     for req in queue:  # the reference: every job claimed in turn
-        got = slow.claim(req, 1.0)
+        got = slow.claim(req, 1.0, warm_only=req.sku in reserved)
         if isinstance(got, Lease):
             leases.append(got)
         else:
             waiting.append(req)
+            if got.reason == "gang_unplaceable" and not req.single_use:
+                reserved.add(req.sku)
     assert result.leases == leases
     assert result.waiting == waiting
     assert fast.pods() == slow.pods()
