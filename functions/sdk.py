@@ -60,7 +60,23 @@ def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-class ApiError(Exception):
+class ClientError(Exception):
+    """Base of what a ``Client`` call raises for the gateway's answer: ``ApiError`` (it
+    refused, with its typed error) and ``JobNotFinished`` (a ``wait`` ran out). A gateway
+    that does not answer at all raises ``httpx.TransportError``; a bad argument caught
+    before any request, ``functions.errors.InvalidRequest``."""
+
+
+class JobNotFinished(ClientError, TimeoutError):
+    """``wait`` gave up before the job ended; ``job`` is its record as last read. (It used
+    to return the unfinished job, which a caller then took for a result: new-user run.)"""
+
+    def __init__(self, job: dict[str, Any], timeout_s: float) -> None:
+        super().__init__(f"job {job.get('id')} is still {job.get('state')} after {timeout_s:g} s")
+        self.job = job
+
+
+class ApiError(ClientError):
     def __init__(self, status: int, error_class: str, message: str, field: str | None = None):
         super().__init__(f"{status} {error_class}: {message}")
         self.status = status
@@ -269,12 +285,19 @@ class Client:
             params["state"] = state
         return list(self._request("GET", "/v1/jobs", params=params).json()["jobs"])
 
-    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 0.05) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
+    def wait(
+        self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.05
+    ) -> dict[str, Any]:
+        """The job's record once it has ended (``SUCCEEDED``, ``FAILED`` or ``CANCELLED``).
+        ``timeout_s``: give up after that long with ``JobNotFinished`` (None: wait until it
+        ends; a job may run for a day)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             job = self.job(job_id)
-            if job["state"] in TERMINAL or time.monotonic() > deadline:
+            if job["state"] in TERMINAL:
                 return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobNotFinished(job, timeout_s or 0.0)
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, 1.0)
 

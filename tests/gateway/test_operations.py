@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from functions.sdk import ApiError
+from functions.sdk import ApiError, ClientError, JobNotFinished
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
 from pool_manager.backends.local import stop_pod
@@ -220,3 +221,20 @@ def test_a_queued_job_of_a_deleted_function_fails_NotFound_as_after_a_restart(
     finally:
         server.stop()
         kill_pods(tmp_path / "home")
+
+
+def test_wait_that_runs_out_raises_instead_of_returning_an_unfinished_job(
+    broker_server: BrokerServer,
+) -> None:
+    """``wait(timeout_s=1)`` returned a RUNNING job and raised nothing (new-user run)."""
+    with broker_server.client("sdk-wait", Role.DEPLOY) as fp:
+        fp.deploy(BEHAVIOURS, name="sdk-sleep", sku="cpu", entrypoint="behaviours:sleep")
+        job_id = fp.submit("sdk-sleep", 30)
+        with pytest.raises(JobNotFinished) as ran_out:
+            fp.wait(job_id, timeout_s=0.3)
+        assert isinstance(ran_out.value, TimeoutError) and isinstance(ran_out.value, ClientError)
+        assert ran_out.value.job["id"] == job_id
+        assert ran_out.value.job["state"] in ("QUEUED", "RUNNING")
+        fp.cancel(job_id)
+        assert fp.wait(job_id)["state"] == "CANCELLED"
+    assert issubclass(ApiError, ClientError)
