@@ -419,7 +419,7 @@ async def job_logs(request: Request) -> Response:
                 return
             await asyncio.sleep(0.25)
 
-    return StreamingResponse(chunks(), media_type="text/plain")
+    return StreamingResponse(chunks(), media_type="application/octet-stream")  # any bytes
 
 
 # -- operations -------------------------------------------------------------------------

@@ -133,6 +133,9 @@ def body_schema(
     return schema
 
 
+_PROBE_QUERY = {"description": "a query parameter the probe does not take"}
+
+
 def _op(
     summary: str,
     ok: str = "200",
@@ -268,6 +271,39 @@ def build_openapi(
             },
         },
         "paths": {
+            "/v1/blobs/{sha256}": {
+                "parameters": [sha],
+                "get": {
+                    "summary": "A package, for a pod: the signed URL is the credential",
+                    "security": [],
+                    "parameters": [
+                        {
+                            "name": "exp",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "integer"},
+                            "description": "expiry, epoch seconds",
+                        },
+                        {
+                            "name": "sig",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "string"},
+                            "description": "HMAC of digest|exp",
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the package's bytes",
+                            "content": {"application/zip": {"schema": {"type": "string"}}},
+                        },
+                        "400": {"description": "a bad digest or exp", "content": _json(_ERROR)},
+                        "403": {"description": "a bad signature", "content": _json(_ERROR)},
+                        "404": {"description": "not stored", "content": _json(_ERROR)},
+                        "410": {"description": "the URL expired", "content": _json(_ERROR)},
+                    },
+                },
+            },
             "/v1/packages/{sha256}": {
                 "parameters": [sha],
                 "put": {
@@ -385,7 +421,9 @@ def build_openapi(
                 "get": _op(
                     "Job logs, live while it runs",
                     params=[_switch("follow", "stream until the job ends")],
-                    ok_content={"text/plain": {"schema": {"type": "string"}}},
+                    ok_content={  # the bytes the job wrote, whatever they are
+                        "application/octet-stream": {"schema": {"type": "string"}}
+                    },
                     more={"404": "no such job of yours", **gone},
                 ),
             },
@@ -397,13 +435,17 @@ def build_openapi(
                 )
             },
             "/healthz": {
-                "get": {"summary": "Liveness", "responses": {"200": {"description": "OK"}}}
+                "get": {
+                    "summary": "Liveness",
+                    "responses": {"200": {"description": "OK"}, "400": _PROBE_QUERY},
+                }
             },
             "/readyz": {
                 "get": {
                     "summary": "Readiness",
                     "responses": {
                         "200": {"description": "ready"},
+                        "400": _PROBE_QUERY,
                         "503": {"description": "starting or shutting down"},
                     },
                 }
@@ -415,7 +457,8 @@ def build_openapi(
                         "200": {
                             "description": "OK",
                             "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
+                        },
+                        "400": _PROBE_QUERY,
                     },
                 }
             },

@@ -21,7 +21,7 @@ from gateway.broker import Broker
 from gateway.settings import Settings
 from tests.conftest import BEHAVIOURS, BrokerServer
 
-INTERNAL = {"/v1/blobs/{sha256}", "/openapi.json"}  # signed pod downloads; the schema itself
+INTERNAL = {"/openapi.json"}  # the schema itself
 
 
 def _body(path: str, method: str = "post") -> dict[str, Any]:
@@ -184,3 +184,17 @@ def test_head_is_declared_where_the_server_answers_it(broker_server: BrokerServe
             assert resp.status_code == 200 and "200" in OPENAPI["paths"][path]["head"]["responses"]
     gets = {path for path, ops in OPENAPI["paths"].items() if "get" in ops}
     assert gets <= {path for path, ops in OPENAPI["paths"].items() if "head" in ops}
+
+
+def test_probes_declare_their_400_and_logs_are_bytes(broker_server: BrokerServer) -> None:
+    """The probes answered 400 to a query parameter the document did not declare, and logs
+    (any bytes a job wrote) were declared and served as text (new-user run)."""
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert "400" in OPENAPI["paths"][path]["get"]["responses"], path
+        assert httpx.get(f"{broker_server.url}{path}?x=1").status_code == 400
+    logs = OPENAPI["paths"]["/v1/jobs/{id}/logs"]["get"]["responses"]["200"]["content"]
+    assert list(logs) == ["application/octet-stream"]
+    with broker_server.client("logs-type") as fp:
+        job = fp.invoke("noop", {})
+        answer = fp.logs(job["id"])
+    assert answer.headers["content-type"] == "application/octet-stream"
