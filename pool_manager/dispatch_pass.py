@@ -18,8 +18,6 @@ from pool_manager.tracker import Tracker
 _new = tuple.__new__  # NamedTuple construction without the Python shim (fields in order)
 _OUT_OF_PODS = frozenset({"no_idle_pod", "gang_unplaceable"})
 """Miss reasons that say the pool, not the caller, lacks pods (never a per-caller limit)."""
-_CALLER_LIMITS = frozenset({"caller_pod_limit", "caller_gpu_limit"})
-"""Miss reasons that say the caller is at its own limit: no pod the scaler adds would help."""
 
 
 class PassResult(NamedTuple):
@@ -28,8 +26,8 @@ class PassResult(NamedTuple):
     leases: list[Lease]
     """Jobs placed this pass, in the order they were claimed."""
     waiting: list[ClaimRequest]
-    """Jobs left queued, order kept: the demand handed to the scaler, but for those held
-    back by their caller's own limit (``caller_pod_limit``, ``caller_gpu_limit``)."""
+    """Jobs left queued, order kept: the demand handed to the scaler, but for those past
+    their caller's own limits (``Tracker.within_limits``)."""
     actions: list[Action]
     """Creates and deletes for the shell to carry out: budget already reserved for each
     create, every delete already marked RETIRING in the tracker."""
@@ -52,7 +50,6 @@ def dispatch_pass(
     """
     leases: list[Lease] = []
     waiting: list[ClaimRequest] = []
-    limited: list[ClaimRequest] = []  # waiting on their caller's own limit: not demand
     claim = tracker.claim
     # SKU -> the fewest pods a claim on it missed for want of pods in this pass. A single-use
     # job draws only on never-used idle pods and standbys, a subset of what every such miss
@@ -79,16 +76,10 @@ def dispatch_pass(
             short[req.sku] = req.pods
         if got.reason == "gang_unplaceable" and not req.single_use:
             reserved.add(req.sku)
-        elif got.reason in _CALLER_LIMITS:
-            limited.append(req)
-    if limited:
-        # A caller blocked by its own limit waits for its own pods to come back; as demand it
-        # made the scaler break other callers' holds and start pods it could not use
-        # (adversarial run, 4 of 4).
-        held_back = set(map(id, limited))
-        demand: list[ClaimRequest] = [r for r in waiting if id(r) not in held_back]
-    else:
-        demand = waiting
+    # A caller's jobs count as demand only as far as its own limits would let them run: as
+    # demand past them they made the scaler break other callers' holds and start pods the
+    # caller could not use (adversarial run, 4 of 4).
+    demand = tracker.within_limits(waiting) if waiting and tracker.limited else waiting
     if reconcile or (replan_waiting and demand):
         actions = tracker.reconcile(demand, now)  # a new list
     else:

@@ -301,6 +301,36 @@ class Tracker(Recovery):
                     if busy is not None and busy.job_id == other.job_id:
                         busy.retire_after = True
 
+    @property
+    def limited(self) -> bool:
+        """Whether the catalog sets any per-caller limit (``within_limits`` has work)."""
+        return self._limited
+
+    def within_limits(self, demand: Sequence[ClaimRequest]) -> list[ClaimRequest]:
+        """The jobs of ``demand`` (in order) that their callers' own limits would let run at
+        once, counting each caller's leased pods and the jobs before it in ``demand``: what
+        the scaler may plan pods for. A caller with 3 jobs queued and ``max_pods: 1`` made
+        the scaler break other callers' holds for pods it could never use (adversarial
+        run); now it counts for one."""
+        out: list[ClaimRequest] = []
+        with self._lock:
+            used: dict[str, tuple[int, int]] = {}
+            for req in demand:
+                spec = self._specs.get(req.sku)
+                limits = self.catalog.limits_for(req.caller)
+                pods, gpus = used.get(req.caller) or (
+                    self._caller_pods.get(req.caller, 0),
+                    self._caller_gpus.get(req.caller, 0),
+                )
+                more = req.pods * gpus_per_pod(spec) if spec is not None else 0
+                if limits.max_pods is not None and pods + req.pods > limits.max_pods:
+                    continue
+                if limits.max_gpus is not None and more and gpus + more > limits.max_gpus:
+                    continue
+                used[req.caller] = (pods + req.pods, gpus + more)
+                out.append(req)
+        return out
+
     def take_retired(self) -> list[DeletePod]:
         """Deletes for pods a claim retired (a session switch), for the shell to carry out;
         each is returned once. ``dispatch_pass`` and ``expire`` drain it.

@@ -78,6 +78,22 @@ def test_a_job_held_back_by_its_callers_limit_is_no_demand_for_the_scaler() -> N
     assert isinstance(again, Lease) and again.path == "warm"
 
 
+def test_a_callers_queued_jobs_count_as_demand_only_up_to_its_own_limit() -> None:
+    """Three jobs of a ``max_pods: 1`` caller, none running yet: as demand for three pods at
+    the ceiling they broke another caller's hold for pods the first could never use
+    (adversarial run)."""
+    t = make_tracker(
+        make_spec(min_count=0, max_count=2, caller_hold_s=100.0, hold_min_tenure_s=0.0, step=4),
+        limits=CallerLimits(max_pods=1),
+    )
+    add_ready(t, "bobs")
+    run_job(t, make_request("bob", tag="s"), now=1.0)
+    queued = [make_request("alice") for _ in range(3)]
+    result = dispatch_pass(t, queued, 2.0, reconcile=True)
+    assert result.waiting == queued
+    assert [type(a).__name__ for a in result.actions] == ["CreatePod"], result.actions
+
+
 def test_behind_a_gang_that_cannot_be_placed_jobs_take_only_their_own_warm_pods() -> None:
     """A high-priority 2-pod gang waited out a whole stream of 1-pod jobs: each pod that
     came free went to the next one (adversarial run, 4 of 4)."""
