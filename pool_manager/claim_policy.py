@@ -55,6 +55,9 @@ class ClaimPolicy(GpuGates):
                 del self._fresh[sku]
             if pod.released_at is not None and pod.released_at > req.queued_at:
                 return pod, "new", "no_idle_pod_when_queued"
+            if sessions:  # it has idle pods; the session boundary kept it off them
+                same_queue = any(queue == req.queue for queue, _ in sessions)
+                return pod, "idle", "tag_changed" if same_queue else "queue_changed"
             return pod, "idle", "no_owned_idle_pod"
         standby = self._standby.get(sku)
         if standby:

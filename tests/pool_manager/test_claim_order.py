@@ -32,6 +32,20 @@ def test_a_never_used_idle_pod_comes_next_and_says_why() -> None:
     assert (got.pods, got.path, got.reason) == (("fresh",), "idle", "no_owned_idle_pod")
 
 
+def test_an_idle_pod_taken_past_the_callers_own_says_the_session_kept_it_off_them() -> None:
+    """The caller owns an idle pod of another session: the reason is the boundary, not
+    ``no_owned_idle_pod`` (adversarial run: it said so while /v1/pools listed hers)."""
+    t = make_tracker()
+    add_ready(t, "hers")
+    run_job(t, make_request("alice", tag="s1"))
+    add_ready(t, "fresh", now=2.0)
+    got = lease(t, make_request("alice", tag="s2", queued_at=3.0), now=3.0)
+    assert (got.pods, got.path, got.reason) == (("fresh",), "idle", "tag_changed")
+    add_ready(t, "fresh2", now=3.5)
+    other = make_request("alice", tag="s1", queue="eval", queued_at=4.0)
+    assert lease(t, other, now=4.0).reason == "queue_changed"
+
+
 def test_a_pod_that_became_ready_after_the_job_was_queued_is_new() -> None:
     t = make_tracker()
     add_ready(t, "made-for-it", now=10.0)
