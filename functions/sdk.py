@@ -218,7 +218,7 @@ class Client:
             if value is not None:
                 body[key] = value
         headers = None
-        if idempotency_key:
+        if idempotency_key is not None:  # "" too: the gateway refuses it, by name
             if not idempotency_key.isascii() or not idempotency_key.isprintable():
                 raise InvalidRequest(
                     "an Idempotency-Key is printable ASCII", field="Idempotency-Key"
@@ -281,7 +281,7 @@ class Client:
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         params = {"limit": str(limit)}
-        if state:
+        if state is not None:  # "" too: the gateway refuses it, by name
             params["state"] = state
         return list(self._request("GET", "/v1/jobs", params=params).json()["jobs"])
 

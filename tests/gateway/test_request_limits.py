@@ -11,7 +11,7 @@ import pytest
 
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, nests_deeper
 from functions.packaging import package_digest
-from functions.sdk import Client
+from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from gateway.executor import Outcome
 from gateway.retry_policy import decide
@@ -123,6 +123,15 @@ def test_an_empty_idempotency_key_is_refused_not_matched_to_another_job(
         other = http.post("/v1/functions/nested:invoke", json={"input": 2}, headers=empty)
     for resp in (first, other):
         assert resp.status_code == 400 and resp.json()["error"]["field"] == "Idempotency-Key"
+    # The SDK (and so the CLI) sent no key at all for an empty one, nor a state for an
+    # empty --state: the call then went through unchecked (new-user run).
+    with server.client("limits-user") as fp:
+        with pytest.raises(ApiError) as no_key:
+            fp.invoke("noop", "a", idempotency_key="")
+        with pytest.raises(ApiError) as no_state:
+            fp.jobs(state="")
+    assert (no_key.value.status, no_key.value.field) == (400, "Idempotency-Key")
+    assert (no_state.value.status, no_state.value.field) == (400, "state")
 
 
 @pytest.mark.parametrize(
