@@ -2,7 +2,8 @@
 
 Given the queued requests in priority order, claim each job's full pod set from the tracker;
 a job that cannot be placed is skipped, so smaller jobs behind it proceed, and becomes demand;
-behind a gang that could not be placed, jobs of its pool take only their own warm pods.
+but a gang that cannot be placed is not overtaken: the jobs behind it in its pool wait, and
+are no demand, until it is placed.
 When there is demand (or a reconcile is due) expire holds and ask the scaler for actions.
 The broker's dispatcher and the simulator both call exactly this; neither has its own copy.
 """
@@ -58,16 +59,22 @@ def dispatch_pass(
     # it waits without the claim, one lock round trip fewer, its place in ``waiting`` kept.
     # A pod another thread readies meanwhile is found by the next pass, as if it came later.
     short: dict[str, int] = {}
-    # SKUs where a gang could not be placed: the jobs behind it (lower priority, or younger)
-    # take only their own warm pods there, so pods that come free or become ready gather
-    # for the gang instead of going one at a time to whoever is next (a high-priority gang
-    # waited out a whole 40 s stream of 1-pod jobs: adversarial run, 4 of 4).
+    # Pools where a gang could not be placed: the jobs behind it there (lower priority, or
+    # younger) neither claim nor count as demand until it is placed, so pods that come free
+    # gather for it, and the scaler plans (and breaks holds) for the gang alone. Before, a
+    # priority-100 gang waited out a whole 40 s stream of 1-pod jobs, each freed pod going
+    # to the next of them (adversarial run, 4 of 4).
     reserved: set[str] = set()
+    behind: list[ClaimRequest] = []
     for req in queued:
+        if reserved and req.sku in reserved:
+            waiting.append(req)
+            behind.append(req)
+            continue
         if short and req.single_use and req.pods >= short.get(req.sku, req.pods + 1):
             waiting.append(req)
             continue
-        got = claim(req, now, req.sku in reserved) if reserved else claim(req, now)
+        got = claim(req, now)
         if isinstance(got, Lease):
             leases.append(got)
             continue
@@ -79,7 +86,12 @@ def dispatch_pass(
     # A caller's jobs count as demand only as far as its own limits would let them run: as
     # demand past them they made the scaler break other callers' holds and start pods the
     # caller could not use (adversarial run, 4 of 4).
-    demand = tracker.within_limits(waiting) if waiting and tracker.limited else waiting
+    demand = waiting
+    if behind:
+        later = set(map(id, behind))
+        demand = [req for req in waiting if id(req) not in later]
+    if demand and tracker.limited:
+        demand = tracker.within_limits(demand)
     if reconcile or (replan_waiting and demand):
         actions = tracker.reconcile(demand, now)  # a new list
     else:

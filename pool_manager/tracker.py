@@ -151,12 +151,9 @@ class Tracker(Recovery):
             return job_id
 
     # -- claim -----------------------------------------------------------------------------
-    def claim(self, req: ClaimRequest, now: float, warm_only: bool = False) -> Lease | Miss:
+    def claim(self, req: ClaimRequest, now: float) -> Lease | Miss:
         """All of ``req.pods`` pods in one step, or nothing (a ``Miss`` saying why). The
-        order is ``claim_policy``'s; per-caller limits are checked in the same step.
-        ``warm_only``: take only the caller's own idle pod of the same session (the hot
-        path), else miss ``no_idle_pod``: behind a gang that could not be placed
-        (``dispatch_pass``), a job must not take a pod the gang could use."""
+        order is ``claim_policy``'s; per-caller limits are checked in the same step."""
         with self._lock:
             spec = self._specs.get(req.sku)
             if spec is None:
@@ -168,8 +165,6 @@ class Tracker(Recovery):
             if req.job_id in self._jobs:
                 raise ValueError(f"job {req.job_id!r} already holds a lease")
             if req.pods != 1 or req.single_use:
-                if warm_only:
-                    return _MISSES["no_idle_pod"]
                 return self._claim_many_locked(req, now)
             sku, caller = req.sku, req.caller
             key = (sku, caller, req.queue, req.lease_tag)
@@ -184,8 +179,6 @@ class Tracker(Recovery):
                     raise IllegalTransition(f"{name}: {pod.state} -> {_ASSIGNED} (warm)")
                 pod.state = _ASSIGNED
                 self.log.append((now, name, _IDLE, _ASSIGNED, "warm"))
-            elif warm_only:
-                return _MISSES["no_idle_pod"]
             else:
                 picked = self._pick_cold_locked(req, spec.tag_mode == "hint")
                 if picked is None:

@@ -94,22 +94,28 @@ def test_a_callers_queued_jobs_count_as_demand_only_up_to_its_own_limit() -> Non
     assert [type(a).__name__ for a in result.actions] == ["CreatePod"], result.actions
 
 
-def test_behind_a_gang_that_cannot_be_placed_jobs_take_only_their_own_warm_pods() -> None:
-    """A high-priority 2-pod gang waited out a whole stream of 1-pod jobs: each pod that
-    came free went to the next one (adversarial run, 4 of 4)."""
-    t = make_tracker(make_spec(min_count=0, max_count=4, caller_hold_s=100.0))
-    add_ready(t, "warm")
+def test_a_gang_that_cannot_be_placed_is_not_overtaken_in_its_pool() -> None:
+    """A priority-100 2-pod gang waited out a whole 40 s stream of 1-pod jobs: each pod
+    that came free went to the next of them, and their owners' holds were spared because
+    they had jobs queued (adversarial run, 4 of 4)."""
+    t = make_tracker(
+        make_spec(min_count=0, max_count=2, caller_hold_s=100.0, hold_min_tenure_s=0.0)
+    )
+    add_ready(t, "carols")
     run_job(t, make_request("carol", tag="s"), now=1.0)
     add_ready(t, "free")
     gang = make_request("alice", pods=2)
     other, warm = make_request("bob"), make_request("carol", tag="s")
-    result = dispatch_pass(t, [gang, other, warm], 2.0, reconcile=False, replan_waiting=False)
-    assert [(lease.job_id, lease.path) for lease in result.leases] == [(warm.job_id, "warm")]
-    assert result.waiting == [gang, other], "the free pod is kept for the gang"
-    add_ready(t, "more", now=2.5)
-    result = dispatch_pass(t, [gang, other], 3.0, reconcile=False, replan_waiting=False)
+    result = dispatch_pass(t, [gang, other, warm], 2.0, reconcile=True)
+    assert result.leases == [] and result.waiting == [gang, other, warm]
+    assert [(type(a).__name__, getattr(a, "name", None)) for a in result.actions] == [
+        ("DeletePod", "carols")
+    ], "the gang's demand alone: carol's hold is broken for it, nothing is made for the rest"
+    t.pod_gone("carols", 3.0)
+    add_ready(t, "more", now=3.5)
+    result = dispatch_pass(t, [gang, other, warm], 4.0, reconcile=False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [gang.job_id]
-    assert result.waiting == [other]
+    assert result.waiting == [other, warm]
 
 
 def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> None:
@@ -202,9 +208,12 @@ def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
     result = dispatch_pass(fast, queue, 1.0, reconcile=False, replan_waiting=False)
     leases: list[Lease] = []
     waiting: list[ClaimRequest] = []
-    reserved: set[str] = set()  # the pools where a gang missed: warm claims only behind it
+    reserved: set[str] = set()  # the pools where a gang missed: nothing claimed behind it
     for req in queue:  # the reference: every job claimed in turn
-        got = slow.claim(req, 1.0, warm_only=req.sku in reserved)
+        if req.sku in reserved:
+            waiting.append(req)
+            continue
+        got = slow.claim(req, 1.0)
         if isinstance(got, Lease):
             leases.append(got)
         else:
