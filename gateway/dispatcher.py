@@ -196,6 +196,7 @@ class Dispatcher:
             pods=job.pods_needed,
             single_use=spec.single_use if spec is not None else False,
             queued_at=job.submitted,
+            priority=job.priority,
         )
 
     # -- one job ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from pool_manager.model import Action, ClaimRequest, Lease
 from pool_manager.tracker import Tracker
 
+_INF = float("inf")
 _new = tuple.__new__  # NamedTuple construction without the Python shim (fields in order)
 _OUT_OF_PODS = frozenset({"no_idle_pod", "gang_unplaceable"})
 """Miss reasons that say the pool, not the caller, lacks pods (never a per-caller limit)."""
@@ -59,15 +60,17 @@ def dispatch_pass(
     # it waits without the claim, one lock round trip fewer, its place in ``waiting`` kept.
     # A pod another thread readies meanwhile is found by the next pass, as if it came later.
     short: dict[str, int] = {}
-    # Pools where a gang could not be placed: the jobs behind it there (lower priority, or
-    # younger) neither claim nor count as demand until it is placed, so pods that come free
-    # gather for it, and the scaler plans (and breaks holds) for the gang alone. Before, a
-    # priority-100 gang waited out a whole 40 s stream of 1-pod jobs, each freed pod going
-    # to the next of them (adversarial run, 4 of 4).
-    reserved: set[str] = set()
+    # A job that missed for want of pods is not overtaken in its pool by jobs of lower
+    # priority, and a gang that missed by any job: those behind it neither claim nor count as
+    # demand until it is placed, so pods that come free gather for it and the scaler plans
+    # (and breaks holds) for it alone. Before, a priority-100 job waited 10.9 s while a
+    # priority-0 backlog ran on warm pods whose holds were spared for it, and a priority-100
+    # gang waited out a whole 40 s stream of 1-pod jobs (adversarial run, 4 of 4 each). Jobs
+    # of equal priority still pass a one-pod miss: another caller's warm pod is no use to it.
+    missed_at: dict[str, float] = {}  # SKU -> jobs below this priority wait (inf: a gang)
     behind: list[ClaimRequest] = []
     for req in queued:
-        if reserved and req.sku in reserved:
+        if missed_at and req.priority < missed_at.get(req.sku, -_INF):
             waiting.append(req)
             behind.append(req)
             continue
@@ -79,10 +82,13 @@ def dispatch_pass(
             leases.append(got)
             continue
         waiting.append(req)
-        if got.reason in _OUT_OF_PODS and req.pods < short.get(req.sku, req.pods + 1):
-            short[req.sku] = req.pods
-        if got.reason == "gang_unplaceable" and not req.single_use:
-            reserved.add(req.sku)
+        if got.reason in _OUT_OF_PODS:
+            if req.pods < short.get(req.sku, req.pods + 1):
+                short[req.sku] = req.pods
+            if req.pods > 1 and not req.single_use:
+                missed_at[req.sku] = _INF
+            elif req.sku not in missed_at:  # the queue is in priority order: the highest
+                missed_at[req.sku] = req.priority
     # A caller's jobs count as demand only as far as its own limits would let them run: as
     # demand past them they made the scaler break other callers' holds and start pods the
     # caller could not use (adversarial run, 4 of 4).

@@ -64,6 +64,9 @@ class ClaimRequest:
     pods: int = 1
     single_use: bool = False
     queued_at: float = 0.0
+    priority: int = 0
+    """Higher first; the queue is in (priority, age) order. A job that missed for want of
+    pods is not overtaken in its pool by jobs of lower priority (``dispatch_pass``)."""
 
 
 class Lease(NamedTuple):

@@ -5,6 +5,7 @@ must still place and order exactly what claiming every job in turn would."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -118,6 +119,28 @@ def test_a_gang_that_cannot_be_placed_is_not_overtaken_in_its_pool() -> None:
     assert result.waiting == [other, warm]
 
 
+def test_a_job_that_missed_is_not_overtaken_in_its_pool_by_lower_priority_ones() -> None:
+    """A priority-100 job waited 10.9 s while a priority-0 backlog ran on warm pods whose
+    holds were spared for it (adversarial run, 4 of 4)."""
+    t = make_tracker(
+        make_spec(min_count=0, max_count=1, caller_hold_s=100.0, hold_min_tenure_s=0.0)
+    )
+    add_ready(t, "lows")
+    run_job(t, make_request("low", tag="s"), now=1.0)
+    urgent = replace(make_request("high"), priority=100)
+    backlog = [make_request("low", tag="s") for _ in range(3)]
+    result = dispatch_pass(t, [urgent, *backlog], 2.0, reconcile=True)
+    assert result.leases == [] and result.waiting == [urgent, *backlog]
+    assert [(type(a).__name__, getattr(a, "name", None)) for a in result.actions] == [
+        ("DeletePod", "lows")
+    ], "the backlog is no demand: its owner's hold is broken for the urgent job"
+    peer = replace(make_request("peer"), priority=100)
+    add_ready(t, "peers")
+    run_job(t, replace(peer, job_id="peer-0"), now=2.5)
+    result = dispatch_pass(t, [urgent, peer], 3.0, reconcile=False, replan_waiting=False)
+    assert [lease.job_id for lease in result.leases] == [peer.job_id], "equal priority passes"
+
+
 def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> None:
     t = make_tracker(make_spec("gpu"))
     add_ready(t, sku="gpu", gpu="G0")
@@ -188,6 +211,7 @@ _requests = st.lists(
         st.integers(1, 3),
         st.booleans(),
         st.sampled_from(("s1", "s2")),
+        st.integers(0, 2),
     ),
     max_size=10,
 )
@@ -197,20 +221,27 @@ _requests = st.lists(
 @given(_pods, _requests, st.booleans())
 def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
     pods: list[tuple[str, str, int, str | None]],
-    requests: list[tuple[str, str, int, bool, str]],
+    requests: list[tuple[str, str, int, bool, str, int]],
     limited: bool,
 ) -> None:
-    queue = [
-        ClaimRequest(f"j{i}", caller, sku, tag, pods=n, single_use=once, queued_at=0.5)
-        for i, (caller, sku, n, once, tag) in enumerate(requests)
-    ]
+    queue = sorted(
+        (
+            ClaimRequest(
+                f"j{i}", caller, sku, tag, pods=n, single_use=once, queued_at=0.5, priority=priority
+            )
+            for i, (caller, sku, n, once, tag, priority) in enumerate(requests)
+        ),
+        key=lambda req: -req.priority,
+    )
     fast, slow = _build(pods, limited), _build(pods, limited)
     result = dispatch_pass(fast, queue, 1.0, reconcile=False, replan_waiting=False)
     leases: list[Lease] = []
     waiting: list[ClaimRequest] = []
-    reserved: set[str] = set()  # the pools where a gang missed: nothing claimed behind it
-    for req in queue:  # the reference: every job claimed in turn
-        if req.sku in reserved:
+    # The reference: every job claimed in turn, except those a miss before them holds back
+    # (below its priority in its pool; any job behind a gang).
+    missed_at: dict[str, float] = {}
+    for req in queue:
+        if req.priority < missed_at.get(req.sku, float("-inf")):
             waiting.append(req)
             continue
         got = slow.claim(req, 1.0)
@@ -218,8 +249,11 @@ def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
             leases.append(got)
         else:
             waiting.append(req)
-            if got.reason == "gang_unplaceable" and not req.single_use:
-                reserved.add(req.sku)
+            if got.reason in ("no_idle_pod", "gang_unplaceable"):
+                if req.pods > 1 and not req.single_use:
+                    missed_at[req.sku] = float("inf")
+                else:
+                    missed_at.setdefault(req.sku, req.priority)
     assert result.leases == leases
     assert result.waiting == waiting
     assert fast.pods() == slow.pods()
