@@ -314,7 +314,10 @@ def _run(cfg: dict[str, Any], *, forked: bool) -> NoReturn:
             try:
                 os.execvpe(cfg["command"][0], cfg["command"], os.environ)
             except OSError as exc:
-                print(f"firepool: cannot run {cfg['command'][0]!r}: {exc}", file=sys.stderr)
+                why = f"cannot run {cfg['command'][0]!r}: {exc.strerror or exc}"
+                print(f"firepool: {why}", file=sys.stderr)
+                with contextlib.suppress(OSError):  # the reason, for the job's error
+                    _write(cfg["result"], orjson.dumps({"ok": False, "message": why}))
                 _flush_and_exit(127)
         result = _call_entrypoint(cfg)
         data = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)

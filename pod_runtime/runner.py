@@ -302,7 +302,7 @@ class Runner:
         result = attempt.result
         if code != 0:
             result.state = "failed"
-            result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
+            result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code) + _exec_failure(attempt))
             return
         try:
             raw = read_capped(attempt.out / "output.json", job_main.MAX_OUTPUT_BYTES)
@@ -416,6 +416,18 @@ async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
     except asyncio.CancelledError:
         await asyncio.wait([future])
         raise
+
+
+def _exec_failure(attempt: Attempt) -> str:
+    """``": <why>"`` if ``job_main`` could not start the command (it wrote why before exiting
+    127: a script without its execute bit, an argument list over the kernel's limit); else
+    ``""``. Those were only ``exited with code 127``, the cause in the log (adversarial run)."""
+    try:
+        data = orjson.loads(read_capped(attempt.out / "result.json", 4096))
+    except (OSError, OutputTooLarge, orjson.JSONDecodeError):
+        return ""
+    why = data.get("message") if isinstance(data, dict) else None
+    return f": {why[:1000]}" if isinstance(why, str) and why else ""
 
 
 def exit_message(code: int) -> str:

@@ -143,6 +143,16 @@ def test_command_mode_reads_input_and_output_files(agent: AgentProcess, tmp_path
     assert result["state"] == "succeeded" and result["output"] == {"got": [1, 2]}
     failing = agent.run({**body, "attempt_id": "cmd-2:1", "command": ["sh", "-c", "exit 4"]})
     assert failing["error"]["class"] == "NonZeroExit" and failing["exit_code"] == 4
+    assert failing["error"]["message"] == "the process exited with code 4"
+    # A command that cannot start says why (it was only "exited with code 127": adversarial
+    # run, a script without its execute bit and an argument list over the kernel's limit).
+    for n, (command, why) in enumerate([
+        (["./run.py"], "cannot run './run.py': Permission denied"),
+        (["python3", "x" * 200_000], "cannot run 'python3': Argument list too long"),
+    ]):  # fmt: skip
+        broken = agent.run({**body, "attempt_id": f"cmd-{3 + n}:1", "command": command})
+        assert broken["error"]["class"] == "NonZeroExit" and broken["exit_code"] == 127
+        assert broken["error"]["message"] == f"the process exited with code 127: {why}"
 
 
 def test_a_wrong_digest_is_rejected_before_anything_runs(
