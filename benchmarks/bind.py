@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.args import positive_int
 from pod_runtime.deps import Dependencies
 from pod_runtime.launch import sandbox_status
 from pod_runtime.localpod import LocalPod
@@ -214,7 +215,7 @@ def _starts(root: Path, trials: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.bind", description=__doc__)
-    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--trials", type=positive_int, default=20)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     sandboxed, _ = sandbox_status()

@@ -36,6 +36,7 @@ import httpx
 import orjson
 from tqdm import tqdm
 
+from benchmarks.args import positive_int
 from gateway.auth import Role
 from gateway.harness import BrokerServer, free_port, kill_pods, start_broker
 
@@ -294,9 +295,9 @@ def final_states(server: BrokerServer, admin: str, accepted: dict[str, str]) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kills", type=int, default=30)
-    parser.add_argument("--callers", type=int, default=12)
-    parser.add_argument("--jobs", type=int, default=3100)
+    parser.add_argument("--kills", type=positive_int, default=30)
+    parser.add_argument("--callers", type=positive_int, default=12)
+    parser.add_argument("--jobs", type=positive_int, default=3100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", type=Path, help="state directory to keep for inspection")

@@ -36,6 +36,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from benchmarks.args import non_negative_int, positive_int
 from gateway.jobs import Attempt, Job
 from gateway.store import JobStore, open_store
 from pool_manager.catalog import Catalog, PoolSpec
@@ -222,10 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=["sqlite", "mysql"], default="sqlite")
     parser.add_argument("--url", help="MySQL server URL (its database part is ignored)")
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--concurrency", type=int, default=512, help="concurrent callers")
-    parser.add_argument("--warmup", type=int, default=1000, help="jobs run before measuring")
-    parser.add_argument("--repeat", type=int, default=1, help="runs; the median is reported")
+    parser.add_argument("--jobs", type=positive_int, default=20_000)
+    parser.add_argument("--concurrency", type=positive_int, default=512, help="concurrent callers")
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=1000, help="jobs run before measuring"
+    )
+    parser.add_argument(
+        "--repeat", type=positive_int, default=1, help="runs; the median is reported"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))

@@ -29,6 +29,7 @@ import orjson
 import yaml
 from tqdm import tqdm
 
+from benchmarks.args import non_negative_int, positive_int
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
 from pool_manager.simulator.venue import check_venue_target, save_venue
@@ -171,9 +172,9 @@ def write_venue(path: Path, result: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=600)
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--new-pod-calls", type=int, default=10)
+    parser.add_argument("--calls", type=positive_int, default=600)
+    parser.add_argument("--warmup", type=non_negative_int, default=30)
+    parser.add_argument("--new-pod-calls", type=positive_int, default=10)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--write-venue",

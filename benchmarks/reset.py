@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.args import positive_int
 from pod_runtime.launch import sandbox_status
 from pod_runtime.localpod import LocalPod
 
@@ -96,7 +97,7 @@ def _scenario(pod: LocalPod, package: dict[str, str], fn: str, arg: Any, trials:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.reset", description=__doc__)
-    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--trials", type=positive_int, default=30)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     sandboxed, why = sandbox_status()

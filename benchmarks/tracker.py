@@ -29,6 +29,7 @@ import tracemalloc
 from collections.abc import Sequence
 from types import TracebackType
 
+from benchmarks.args import positive_int
 from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.model import ClaimRequest, Lease, PodInfo
 from pool_manager.tracker import Tracker
@@ -168,10 +169,14 @@ def measure(n: int, reqs_per_thread: int, rounds: int, trials: int) -> dict[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--pods", type=int, default=100_000)
-    parser.add_argument("--requests", type=int, default=20_000, help="distinct jobs per claimer")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--trials", type=int, default=3, help="single-claimer trials (best)")
+    parser.add_argument("--pods", type=positive_int, default=100_000)
+    parser.add_argument(
+        "--requests", type=positive_int, default=20_000, help="distinct jobs per claimer"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=10)
+    parser.add_argument(
+        "--trials", type=positive_int, default=3, help="single-claimer trials (best)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = measure(args.pods, args.requests, args.rounds, args.trials)
