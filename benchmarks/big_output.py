@@ -24,7 +24,6 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
-from benchmarks.args import positive_int
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
 
@@ -118,11 +117,9 @@ def run(values: int, jobs: int, reads: int, bar: bool) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--values", type=positive_int, default=4_000_000, help="lists in the output"
-    )
-    parser.add_argument("--jobs", type=positive_int, default=3, help="sync invokes")
-    parser.add_argument("--reads", type=positive_int, default=5, help="reads of the finished job")
+    parser.add_argument("--values", type=int, default=4_000_000, help="lists in the output")
+    parser.add_argument("--jobs", type=int, default=3, help="sync invokes")
+    parser.add_argument("--reads", type=int, default=5, help="reads of the finished job")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if min(args.values, args.jobs, args.reads) < 1:

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.args import positive_int
 from benchmarks.run_log import RunLog, add_log_flag, open_log, still_to_run
 from functions.sdk import Client
 from gateway.auth import Role
@@ -159,14 +158,11 @@ def main(argv: list[str]) -> int:
         help="comma-separated, of reuse-on, reuse-off, fresh; the first is the reference",
     )
     p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=5,
-        help="paired repeats per arm (arms rotated per repeat)",
+        "--repeats", type=int, default=5, help="paired repeats per arm (arms rotated per repeat)"
     )
-    p.add_argument("--agents", type=positive_int, default=2, help="W-Agent concurrent agents")
+    p.add_argument("--agents", type=int, default=2, help="W-Agent concurrent agents")
     p.add_argument("--scale", type=float, default=0.25, help="multiply bodies and pauses")
-    p.add_argument("--cap", type=positive_int, default=8, help="pool ceiling and CPU budget (pods)")
+    p.add_argument("--cap", type=int, default=8, help="pool ceiling and CPU budget (pods)")
     p.add_argument(
         "--seed",
         type=int,

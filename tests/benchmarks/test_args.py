@@ -19,7 +19,7 @@ from gateway.harness import REPO
         ("reset", "--trials", "0"),
         ("invoke", "--calls", "-3"),
         ("invoke", "--warmup", "-1"),
-        ("loops", "--repeats", "ten"),
+        ("crash", "--kills", "0"),
     ],
 )
 def test_a_count_out_of_range_is_one_error_line_and_exit_2(
