@@ -16,6 +16,8 @@ connection (only it) allows multi-statement queries for bulk compare-and-sets.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +53,20 @@ def sqlite_file(url: str | URL) -> Path:
     return Path(name).expanduser().resolve()
 
 
+def _private_file(path: Path) -> None:
+    """Create the store's file owner-only (0600, in a new 0700 folder) if it does not exist:
+    SQLite made it 0644, so a store outside the 0700 home let any local user read every job's
+    input and output (new-user run). SQLite gives its ``-wal`` and ``-shm`` files the same
+    mode. An existing file is left as its owner made it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
 def _sqlite_engines(url: URL, settings: StoreSettings) -> tuple[Engine, Engine]:
     if not url.database or url.database == ":memory:" or url.query.get("mode") == "memory":
         raise ValueError("the job store needs a SQLite file, not an in-memory database")
-    sqlite_file(url).parent.mkdir(parents=True, exist_ok=True)
+    _private_file(sqlite_file(url))
     busy_ms = int(settings.busy_timeout_s * 1000)
 
     def pragmas(dbapi_conn: Any, _record: Any) -> None:

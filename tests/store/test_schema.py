@@ -3,6 +3,8 @@ newer or foreign ones are refused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sqlalchemy as sa
 
@@ -144,3 +146,17 @@ def test_the_head_revision_constant_matches_the_migrations_directory() -> None:
     from gateway.store.schema import HEAD_REVISION, head_revision
 
     assert head_revision() == HEAD_REVISION
+
+
+async def test_a_new_sqlite_store_is_owner_only_wherever_it_lives(tmp_path: Path) -> None:
+    """A store outside the 0700 home was made 0644 in 0755 folders: any local user could
+    read every job's input and output (new-user run)."""
+    db = tmp_path / "elsewhere" / "jobs.db"
+    store = await open_store(f"sqlite:///{db}")
+    try:
+        assert await store.get_job("none") is None
+    finally:
+        await store.close()
+    assert db.parent.stat().st_mode & 0o777 == 0o700
+    for path in [db, *db.parent.glob("jobs.db-*")]:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
