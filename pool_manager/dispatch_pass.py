@@ -2,8 +2,8 @@
 
 Given the queued requests in priority order, claim each job's full pod set from the tracker;
 a job that cannot be placed is skipped, so smaller jobs behind it proceed, and becomes demand;
-but a gang that cannot be placed is not overtaken: the jobs behind it in its pool wait, and
-are no demand, until it is placed.
+but it is not overtaken in its pool by jobs of lower priority, and a gang by none: the jobs it
+holds back wait, and are no demand, until it is placed.
 When there is demand (or a reconcile is due) expire holds and ask the scaler for actions.
 The broker's dispatcher and the simulator both call exactly this; neither has its own copy.
 """
@@ -28,8 +28,9 @@ class PassResult(NamedTuple):
     leases: list[Lease]
     """Jobs placed this pass, in the order they were claimed."""
     waiting: list[ClaimRequest]
-    """Jobs left queued, order kept: the demand handed to the scaler, but for those past
-    their caller's own limits (``Tracker.within_limits``)."""
+    """Jobs left queued, order kept: the demand handed to the scaler, but for those held
+    back behind a job that missed in their pool and those past their caller's own limits
+    (``Tracker.within_limits``)."""
     actions: list[Action]
     """Creates and deletes for the shell to carry out: budget already reserved for each
     create, every delete already marked RETIRING in the tracker."""
