@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.cli import positive_int
 
-def positive_int(text: str) -> int:
-    """A whole number above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number above 0")
-    return value
+__all__ = ["non_negative_int", "positive_int"]
 
 
 def non_negative_int(text: str) -> int:

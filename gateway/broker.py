@@ -397,13 +397,17 @@ class Broker:
                 "catalog does not have"
             )
         gpus = spec.pods * gpus_per_pod(pool)
-        for limit, want, what in ((limits.max_pods, spec.pods, "pods"),
-                                  (limits.max_gpus, gpus, "GPUs")):  # fmt: skip
-            if limit is not None and want > limit:
-                raise Forbidden(
-                    f"function {spec.name!r} needs {want} {what} at once; caller {caller!r} "
-                    f"may hold at most {limit} (max_{what.lower()} in the catalog's limits)"
-                )
+        over = limits.exceeded_by(spec.pods, gpus)
+        if over is not None:
+            want, what, limit = (
+                (spec.pods, "pods", limits.max_pods)
+                if over == "caller_pod_limit"
+                else (gpus, "GPUs", limits.max_gpus)
+            )
+            raise Forbidden(
+                f"function {spec.name!r} needs {want} {what} at once; caller {caller!r} "
+                f"may hold at most {limit} (max_{what.lower()} in the catalog's limits)"
+            )
 
     async def submit(
         self,

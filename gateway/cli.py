@@ -44,7 +44,8 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """A whole number above 0 (an argparse type; the benchmarks use it too)."""
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a whole number above 0")
@@ -313,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--role", default="invoke", choices=[r.value for r in Role], help="default: %(default)s"
     )
-    s.add_argument("--ttl", type=_positive_int, help="lifetime in seconds (default 30 days)")
+    s.add_argument("--ttl", type=positive_int, help="lifetime in seconds (default 30 days)")
     s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser(

@@ -64,25 +64,25 @@ def _interval(name: str, text: str) -> float:
     return value
 
 
-def _count(name: str, text: str) -> int:
-    """A whole number > 0: a size, a capacity, a lifetime in whole seconds."""
+def _whole(name: str, text: str, low: int, high: float, what: str) -> int:
+    """A whole number in [low, high]; else ``InvalidRequest`` saying it must be ``what``."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise _refuse(name, "a whole number > 0", text)
+        value = low - 1
+    if not low <= value <= high:
+        raise _refuse(name, what, text)
     return value
+
+
+def _count(name: str, text: str) -> int:
+    """A whole number > 0: a size, a capacity, a lifetime in whole seconds."""
+    return _whole(name, text, 1, math.inf, "a whole number > 0")
 
 
 def _port(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:  # a larger one wrapped around in the socket call
-        raise _refuse(name, "a port (1-65535)", text)
-    return value
+    """A TCP port (a larger number wrapped around in the socket call)."""
+    return _whole(name, text, 1, 65535, "a port (1-65535)")
 
 
 def _text(name: str, text: str) -> str:

@@ -175,6 +175,15 @@ class CallerLimits:
     max_gpus: int | None = None
     """GPUs (``units_per_pod`` of GPU pools) the caller may hold assigned or running."""
 
+    def exceeded_by(self, pods: int, gpus: int) -> str | None:
+        """The limit that holding ``pods`` pods and ``gpus`` GPUs at once would pass
+        (``caller_pod_limit``, ``caller_gpu_limit``: the tracker's miss reasons), or None."""
+        if self.max_pods is not None and pods > self.max_pods:
+            return "caller_pod_limit"
+        if self.max_gpus is not None and gpus and gpus > self.max_gpus:
+            return "caller_gpu_limit"
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Catalog:

@@ -90,6 +90,9 @@ class PodIndex:
         self._exclusive: dict[str, bool] = {}
         self._caller_pods: dict[str, int] = {}
         self._caller_gpus: dict[str, int] = {}
+        self._sessions: dict[tuple[str, str, str], str | None] = {}
+        """``switch`` pools: (sku, caller, queue) -> the caller's live session (lease tag) there,
+        set when a claim switches to it; a pod released from another tag's job retires."""
         self._next_expiry = float("-inf")
         """A lower bound of every owner hold's end (``-inf``: unknown, walk them)."""
 
@@ -102,6 +105,7 @@ class PodIndex:
         self._exclusive.clear()
         self._caller_pods.clear()
         self._caller_gpus.clear()
+        self._sessions.clear()
         self._next_expiry = float("-inf")
 
     # -- claim buckets ---------------------------------------------------------------------
@@ -150,15 +154,12 @@ class PodIndex:
 
     # -- per-caller limits -----------------------------------------------------------------
     def _over_limit_locked(self, req: ClaimRequest, spec: PoolSpec) -> str | None:
-        limits = self.catalog.limits_for(req.caller)
-        pods = limits.max_pods
-        if pods is not None and self._caller_pods.get(req.caller, 0) + req.pods > pods:
-            return "caller_pod_limit"
-        gpus = limits.max_gpus
+        caller = req.caller
         want = req.pods * gpus_per_pod(spec)
-        if gpus is not None and want and self._caller_gpus.get(req.caller, 0) + want > gpus:
-            return "caller_gpu_limit"
-        return None
+        return self.catalog.limits_for(caller).exceeded_by(
+            self._caller_pods.get(caller, 0) + req.pods,
+            self._caller_gpus.get(caller, 0) + want if want else 0,
+        )
 
     def _count_locked(self, caller: str, pods: int, gpus: int) -> None:
         """Add (or, negative, remove) leased pods and GPUs to a caller's running totals."""

@@ -281,18 +281,10 @@ class Tracker(Recovery):
         for pod in ended:
             if self._retire_locked(pod, "session_switched", now):
                 self._switched.append(DeletePod(pod.name, "session_switched"))
-        # Its pods busy with a prior session's job end that session too: they retire after
-        # it. (They came back held for the old tag, and a later job of the new session
-        # recycled them: two of its jobs on the old session's pods, adversarial run.)
-        for other, names, _ in self._jobs.values():
-            if (
-                other.caller == req.caller and other.sku == req.sku
-                and other.queue == req.queue and other.lease_tag != req.lease_tag
-            ):  # fmt: skip
-                for name in names:
-                    busy = self._pods.get(name)
-                    if busy is not None and busy.job_id == other.job_id:
-                        busy.retire_after = True
+        # Its pods busy with a prior session's job end that session too: ``release`` retires
+        # them after it. (They came back held for the old tag, and a later job of the new
+        # session recycled them: two of its jobs on the old session's pods, adversarial run.)
+        self._sessions[(req.sku, req.caller, req.queue)] = req.lease_tag
 
     @property
     def limited(self) -> bool:
@@ -310,17 +302,16 @@ class Tracker(Recovery):
             used: dict[str, tuple[int, int]] = {}
             for req in demand:
                 spec = self._specs.get(req.sku)
-                limits = self.catalog.limits_for(req.caller)
-                pods, gpus = used.get(req.caller) or (
-                    self._caller_pods.get(req.caller, 0),
-                    self._caller_gpus.get(req.caller, 0),
+                caller = req.caller
+                pods, gpus = used.get(caller) or (
+                    self._caller_pods.get(caller, 0),
+                    self._caller_gpus.get(caller, 0),
                 )
                 more = req.pods * gpus_per_pod(spec) if spec is not None else 0
-                if limits.max_pods is not None and pods + req.pods > limits.max_pods:
+                pods, gpus = pods + req.pods, gpus + more
+                if self.catalog.limits_for(caller).exceeded_by(pods, gpus if more else 0):
                     continue
-                if limits.max_gpus is not None and more and gpus + more > limits.max_gpus:
-                    continue
-                used[req.caller] = (pods + req.pods, gpus + more)
+                used[caller] = (pods, gpus)
                 out.append(req)
         return out
 
@@ -398,6 +389,7 @@ class Tracker(Recovery):
             req = rec[0]
             spec = self._specs[req.sku]
             hold = self._holds[req.sku]
+            switch, sessions, tag = spec.tag_mode == "switch", self._sessions, req.lease_tag
             out: list[PodRelease] = []
             for name in rec[1]:
                 pod = self._pods.get(name)
@@ -409,7 +401,9 @@ class Tracker(Recovery):
                 pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
                 if not clean:
                     why = "unclean_reset"
-                elif pod.retire_after:
+                elif pod.retire_after or (
+                    switch and sessions.get((req.sku, req.caller, req.queue), tag) != tag
+                ):
                     why = "session_boundary"
                 elif pod.single_use:
                     why = "single_use"
