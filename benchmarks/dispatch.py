@@ -37,8 +37,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from benchmarks.args import non_negative_int, positive_int
-from gateway.jobs import Attempt, Job
-from gateway.store import JobStore, open_store
+from broker.jobs import Attempt, Job
+from broker.store import JobStore, open_store
 from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.model import ClaimRequest, Lease, PodInfo
 from pool_manager.states import JobState

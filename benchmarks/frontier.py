@@ -45,11 +45,11 @@ from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pool_manager.catalog import Catalog
-from pool_manager.simulator.arms import arm_names, build_catalog
-from pool_manager.simulator.cli import HelpFormatter
-from pool_manager.simulator.experiment import Workload
-from pool_manager.simulator.venue import load_venue
-from pool_manager.simulator.workloads import Batch, Program, Spawn
+from simulator.arms import arm_names, build_catalog
+from simulator.cli import HelpFormatter
+from simulator.experiment import Workload
+from simulator.venue import load_venue
+from simulator.workloads import Batch, Program, Spawn
 
 
 def catalog_yaml(catalog: Catalog) -> str:

@@ -8,7 +8,7 @@ Starts a broker (SQLite, local pods) in a temporary state directory, then measur
   job's own timings (submit, claim, the pod's receipt, first instruction, exit).
 
     python -m benchmarks.invoke --json
-    python -m benchmarks.invoke --write-venue pool_manager/simulator/venues/local.yaml
+    python -m benchmarks.invoke --write-venue simulator/venues/local.yaml
 
 ``--write-venue`` puts the warm path's costs into the simulator's venue (``write_venue``).
 """
@@ -32,7 +32,7 @@ from tqdm import tqdm
 from benchmarks.args import non_negative_int, positive_int
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
-from pool_manager.simulator.venue import check_venue_target, save_venue
+from simulator.venue import check_venue_target, save_venue
 
 NOOP = Path(__file__).resolve().parent.parent / "examples" / "functions" / "noop"
 CATALOG = (
@@ -181,7 +181,7 @@ def main() -> None:
         type=Path,
         metavar="YAML",
         help="also write the warm path's costs into this simulator venue file "
-        "(pool_manager/simulator/venues/local.yaml after `firepool simulate calibrate`)",
+        "(simulator/venues/local.yaml after `firepool simulate calibrate`)",
     )
     args = parser.parse_args()
     if args.calls < 10 or args.warmup < 0 or args.new_pod_calls < 1:

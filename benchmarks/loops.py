@@ -34,10 +34,10 @@ from benchmarks.run_log import RunLog, add_log_flag, open_log, still_to_run
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from pool_manager.simulator.cli import HelpFormatter
-from pool_manager.simulator.experiment import Workload
-from pool_manager.simulator.metrics import bootstrap_ci
-from pool_manager.simulator.workloads import Batch, Program
+from simulator.cli import HelpFormatter
+from simulator.experiment import Workload
+from simulator.metrics import bootstrap_ci
+from simulator.workloads import Batch, Program
 
 FN_DIR = Path(__file__).resolve().parent / "loop_fn"
 CATALOG = """budgets: {cpu: %(cap)d}

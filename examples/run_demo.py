@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 
+from broker.settings import Settings, private_home
 from examples import agent_loop
 from functions.sdk import Client
 from gateway.auth import Authenticator, Role, load_key
-from gateway.settings import Settings, private_home
 
 HERE = Path(__file__).parent
 FUNCTIONS = {

@@ -1,7 +1,7 @@
 """Typed errors shared by every layer.
 
 Each error carries an ``error_class``: the string a caller sees in a job record or an HTTP
-error body. Which classes are retried is ``gateway.retry_policy``'s decision; exactly one
+error body. Which classes are retried is ``broker.retry_policy``'s decision; exactly one
 place, ``gateway.errors``, maps these to HTTP status codes.
 """
 

@@ -56,7 +56,7 @@ class LocalPackageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.staging = root / ".uploads"
         """Uploads in progress; what a stopped broker left there is removed here (one
-        broker per state directory: ``gateway.exclusive``)."""
+        broker per state directory: ``broker.exclusive``)."""
         self.staging.mkdir(exist_ok=True)
         for stale in self.staging.iterdir():
             stale.unlink(missing_ok=True)

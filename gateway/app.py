@@ -22,6 +22,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from broker.jobs import Job
+from broker.package_check import check_package_file
+from broker.service import Broker, request_digest
 from functions.errors import (
     ErrorClass,
     Expired,
@@ -34,14 +37,11 @@ from functions.errors import (
 )
 from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
-from gateway.auth import Principal, Role
-from gateway.broker import Broker, request_digest
+from gateway.auth import Authenticator, Principal, Role
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
-from gateway.jobs import Job
 from gateway.metrics import render_metrics
 from gateway.openapi import build_openapi
-from gateway.package_check import check_package_file
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
 log = logging.getLogger("firepool.api")
@@ -140,8 +140,8 @@ async def _json_body(request: Request) -> bytes:
 
 
 def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
-    broker: Broker = request.app.state.broker
-    principal = broker.auth.authenticate(request.headers.get("authorization"))
+    auth: Authenticator = request.app.state.auth
+    principal = auth.authenticate(request.headers.get("authorization"))
     principal.require(role)
     return principal
 
@@ -319,7 +319,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
             field="Idempotency-Key",
         )
     digest = request_digest(name, raw) if key is not None else None
-    job, _created = await broker.submit(principal, name, body, key, digest)
+    job, _created = await broker.submit(principal.caller, name, body, key, digest)
     if sync and job.state not in TERMINAL_JOB_STATES:
         wait_s = broker.settings.sync_wait_s
         done = await broker.dispatcher.wait(job.id, wait_s)
@@ -579,4 +579,6 @@ def create_app(broker: Broker) -> Starlette:
         },
     )
     app.state.broker = broker
+    settings = broker.settings
+    app.state.auth = Authenticator(broker.signing_key, settings.audience, settings.token_cache_size)
     return app

@@ -22,10 +22,10 @@ from typing import Any, NoReturn
 import httpx
 import orjson
 
+from broker.settings import Settings
 from functions.errors import Conflict, FirepoolError, InvalidRequest, Unauthorized
 from functions.sdk import ApiError, Client
 from gateway.auth import Authenticator, Role, load_key
-from gateway.settings import Settings
 
 
 def _port(text: str) -> int:
@@ -79,8 +79,8 @@ def _client(args: argparse.Namespace) -> Client:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from broker.service import Broker
     from gateway.app import create_app
-    from gateway.broker import Broker
 
     settings = Settings.from_env(host=args.host, port=args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -124,7 +124,7 @@ def _store_answers(url: str) -> Iterator[None]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gateway.store import SchemaError
+    from broker.store import SchemaError
 
     try:
         yield
@@ -155,7 +155,7 @@ def _refuse_while_served(home: Path) -> None:
     """``Conflict`` naming the broker's pid if one serves ``home``: stopping its pods killed
     the jobs running on them (their user code then ran a second time) and the broker made
     new pods at once (adversarial run). Takes the home's lock and gives it back at once."""
-    from gateway.exclusive import BrokerLocks  # SQLAlchemy: only ``down`` pays for it
+    from broker.exclusive import BrokerLocks  # SQLAlchemy: only ``down`` pays for it
 
     lock = BrokerLocks(home, store_url="")
     try:
@@ -205,7 +205,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from gateway.store import migrate
+    from broker.store import migrate
 
     settings = Settings.from_env()
     with _store_answers(settings.resolved_store_url):
@@ -405,7 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:  # the simulator parses its own options
-        from pool_manager.simulator.cli import main as simulate_main
+        try:
+            from simulator.cli import main as simulate_main
+        except ModuleNotFoundError as exc:  # numpy: the simulator's extra, not the broker's
+            sys.stderr.write(
+                f"error: firepool simulate needs {exc.name}: pip install 'firepool[simulate]'\n"
+            )
+            return 2
 
         return simulate_main([a for a in argv[1:] if a != "--"])
     args = build_parser().parse_args(argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
+    from broker.service import Broker
 
 
 def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:

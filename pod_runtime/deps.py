@@ -47,7 +47,7 @@ def find_uv(python: str) -> str | None:
 INSTALL_TIMEOUT_S = 900.0
 """A requirements install that runs longer fails the attempt (the installer is killed). It is
 not part of the job's ``timeout_s``, which starts at the job's process; the broker waits this
-much longer for an attempt of a function with requirements (``gateway.executor``)."""
+much longer for an attempt of a function with requirements (``broker.executor``)."""
 
 
 class Dependencies:

@@ -46,7 +46,7 @@ ORJSON_MAX_DEPTH = 254
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 """Largest return value, serialized as JSON; a larger one fails the job with
 ``FunctionError`` naming its size and this cap. The broker's largest JSON request body
-(``gateway.settings.Settings.max_json_bytes``), so an output is never bigger than an input
+(``broker.settings.Settings.max_json_bytes``), so an output is never bigger than an input
 could have been; a test checks they agree (copied: see above). The agent applies it again
 when it reads the result, and to a command's ``$FIREPOOL_OUTPUT_FILE``."""
 

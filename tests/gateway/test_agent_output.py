@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from broker.executor import ERROR_FIELD_CHARS, ERROR_FIELDS, Outcome
+from broker.jobs import Job, JsonText, output_value
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, json_within
-from gateway.executor import ERROR_FIELD_CHARS, ERROR_FIELDS, Outcome
-from gateway.jobs import Job, JsonText, output_value
 from pool_manager.states import JobState
 
 

@@ -24,17 +24,22 @@ import pytest
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
+from broker import executor as executor_module
+from broker.executor import Executor, Outcome
+from broker.service import Broker
+from broker.settings import Settings
 from functions.sdk import Client
-from gateway import executor as executor_module
 from gateway.app import create_app
-from gateway.auth import Role
-from gateway.broker import Broker
-from gateway.executor import Executor, Outcome
+from gateway.auth import Authenticator, Role
 from gateway.harness import free_port, kill_pods, start_broker
-from gateway.settings import Settings
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
 from tests.pod_runtime.test_deps_env import make_wheel
+
+
+def _token(broker: Any, caller: str, role: Role) -> str:
+    return Authenticator(broker.signing_key).mint(caller, role, 3600)
+
 
 FAULT = "raise inside the executor"
 
@@ -79,7 +84,7 @@ def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(
 
     monkeypatch.setattr(Executor, "run", run_or_fail)
     with in_process_broker(tmp_path / "home") as (broker, url):
-        token = broker.auth.mint("deployer", Role.DEPLOY, 3600)
+        token = _token(broker, "deployer", Role.DEPLOY)
         with Client(url, token, timeout=60) as fp:
             fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
             first = fp.invoke("noop", 1, lease_tag="t")
@@ -131,10 +136,10 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
     )
     try:
         with in_process_broker(tmp_path / "home") as (broker, url):
-            with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+            with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
                 fp.deploy(code, name="probe", sku="cpu", entrypoint="probe:version",
                           requirements=requirements, timeout_s=1.0, max_retries=0)  # fmt: skip
-            with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+            with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
                 job = fp.invoke("probe", None, lease_tag="t")
     finally:
         index.shutdown()
@@ -146,10 +151,10 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
 def _running(broker: Broker, url: str, seconds: float, max_retries: int) -> tuple[Client, str, str]:
     """A user's client, the id of a ``behaviours:sleep`` job of ``seconds`` (deployed with
     ``max_retries``) and its pod, once it runs there."""
-    with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+    with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
         fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
                   max_retries=max_retries)  # fmt: skip
-    fp = Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60)
+    fp = Client(url, _token(broker, "user", Role.INVOKE), timeout=60)
     job_id = fp.submit("sleep", seconds)
     return fp, job_id, wait_running(fp, job_id)["attempts"][-1]["pods"][0]
 
@@ -180,7 +185,7 @@ def test_a_failing_job_store_answers_503_in_the_error_form(
         raise KeyError("a bug")
 
     with in_process_broker(tmp_path / "home") as (broker, url):
-        token = broker.auth.mint("user", Role.INVOKE, 3600)
+        token = _token(broker, "user", Role.INVOKE)
         headers = {"Authorization": f"Bearer {token}"}
         monkeypatch.setattr(broker.jobs, "list_jobs", store_fails)
         full = httpx.get(f"{url}/v1/jobs", headers=headers)
@@ -229,10 +234,10 @@ def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
             await real_annotate(name, notes)
 
         monkeypatch.setattr(broker.backend, "annotate", annotate)
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+        with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
             fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty",
                       max_retries=1)  # fmt: skip
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+        with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
             job = fp.invoke("chatty", "never", lease_tag="t")
     assert job["state"] == "FAILED" and job["error"]["class"] == "PodLost", job
     assert "owner could not be recorded" in job["error"]["message"]
@@ -289,7 +294,7 @@ def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
             return await real_update(job, revision)
 
         monkeypatch.setattr(broker.jobs, "update", flaky_update)
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600)) as fp:
+        with Client(url, _token(broker, "dev", Role.DEPLOY)) as fp:
             fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
             job = fp.invoke("noop", {})
         claims = {k: v for k, v in broker.counters.items() if k.startswith("path_")}
@@ -311,7 +316,7 @@ def test_an_upload_is_streamed_to_disk_not_held_in_memory(tmp_path: Path) -> Non
             yield chunk
 
     with in_process_broker(tmp_path / "home") as (broker, url):
-        token = broker.auth.mint("dev", Role.DEPLOY, 3600)
+        token = _token(broker, "dev", Role.DEPLOY)
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
         tracemalloc.start()
         try:

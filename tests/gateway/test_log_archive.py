@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from gateway.lifecycle import LogArchive, PodRecycler
+from broker.lifecycle import LogArchive, PodRecycler
 
 
 def test_a_later_attempt_replaces_the_log_even_when_it_printed_nothing(tmp_path: Path) -> None:

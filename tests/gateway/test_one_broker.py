@@ -1,4 +1,4 @@
-"""One broker per state directory and per job store (``gateway.exclusive``).
+"""One broker per state directory and per job store (``broker.exclusive``).
 
 Before, a second broker on the same ``FIREPOOL_HOME`` started, rebuilt the pool from the same
 pod records and handed pods one caller had used to another (adversarial run: 2 of 2, on the
@@ -21,9 +21,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from broker.exclusive import BrokerLocks
 from functions.errors import Conflict
 from functions.sdk import ApiError
-from gateway.exclusive import BrokerLocks
 from gateway.harness import REPO, kill_pods, start_broker
 
 

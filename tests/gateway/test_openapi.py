@@ -15,10 +15,10 @@ import pytest
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
+from broker.service import Broker
+from broker.settings import Settings
 from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app
 from gateway.auth import Role
-from gateway.broker import Broker
-from gateway.settings import Settings
 from tests.conftest import BEHAVIOURS, BrokerServer
 
 INTERNAL = {"/openapi.json"}  # the schema itself

@@ -20,22 +20,26 @@ from typing import Any
 
 import pytest
 
+from broker.jobs import Job
+from broker.store import JobStore
 from functions.sdk import ApiError, Client
-from gateway.auth import Role
-from gateway.jobs import Job
-from gateway.store import JobStore
+from gateway.auth import Authenticator, Role
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 from tests.conftest import BEHAVIOURS, EXAMPLES
 from tests.gateway.test_broker_faults import in_process_broker
+
+
+def _token(broker: Any, caller: str, role: Role) -> str:
+    return Authenticator(broker.signing_key).mint(caller, role, 3600)
 
 
 def test_an_outcome_the_store_cannot_hold_fails_the_job_too_large(tmp_path: Path) -> None:
     with in_process_broker(tmp_path / "home") as (broker, url):
         assert broker.store is not None
         broker.store.max_statement_bytes = 100_000
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+        with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
             fp.deploy(BEHAVIOURS, name="sized", sku="cpu", entrypoint="behaviours:sized")
-        with Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60) as fp:
+        with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
             # 60,000 quotes: 120 kB of JSON, 240 kB once the store escapes it.
             big = fp.invoke("sized", 60_000, lease_tag="t")
             stored = fp.job(big["id"])
@@ -81,9 +85,9 @@ class _Outage:
 
 def _caller(broker: Any, url: str) -> Client:
     """A caller's client, the ``noop`` example deployed."""
-    with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600), timeout=60) as fp:
+    with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
         fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
-    return Client(url, broker.auth.mint("user", Role.INVOKE, 3600), timeout=60)
+    return Client(url, _token(broker, "user", Role.INVOKE), timeout=60)
 
 
 def test_an_outcome_is_retried_until_the_store_takes_it(

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from broker.settings import private_home
 from functions.sdk import Client
 from gateway.auth import Role, load_or_create_key
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from gateway.settings import private_home
 from pod_runtime.launch import sandbox_status
 from tests.conftest import BEHAVIOURS
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.agent_client import AgentClient
-from gateway.pods import READY_PROBE_MAX_S, READY_PROBE_MIN_S, PodManager, ready_probe_delay
+from broker.agent_client import AgentClient
+from broker.pods import READY_PROBE_MAX_S, READY_PROBE_MIN_S, PodManager, ready_probe_delay
 from pool_manager.backends.local import LocalBackend, stop_pod
 from pool_manager.catalog import Catalog
 from pool_manager.tracker import Tracker

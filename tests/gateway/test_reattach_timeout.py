@@ -13,10 +13,10 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+from broker.executor import GRACE_S
+from broker.jobs import Attempt, Job
+from broker.recovery import _reattach
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
-from gateway.executor import GRACE_S
-from gateway.jobs import Attempt, Job
-from gateway.recovery import _reattach
 from pod_runtime.deps import INSTALL_TIMEOUT_S
 from pool_manager.states import JobState
 

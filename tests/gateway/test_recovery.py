@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.lifecycle import PodRecycler
 from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from gateway.lifecycle import PodRecycler
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
 from tests.gateway.test_broker_faults import in_process_broker
@@ -243,7 +243,7 @@ def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
     """A single-use job, or one that recycled its caller's pod of another session, running
     through a crash: the restarted broker forgot that the pod must retire after it, and the
     caller's next job ran on it ``warm`` (adversarial run, 4 of 4 each). Now the mark is on
-    the pod before the job runs (``gateway.pods.RETIRE_ANNOTATION``)."""
+    the pod before the job runs (``broker.pods.RETIRE_ANNOTATION``)."""
     home = tmp_path / "home"
     server = start_broker(home, ONE_POD)
     try:

@@ -9,12 +9,12 @@ import httpx
 import orjson
 import pytest
 
+from broker.executor import Outcome
+from broker.retry_policy import decide
 from functions.nesting import MAX_NESTING, ORJSON_MAX_DEPTH, nests_deeper
 from functions.packaging import package_digest
 from functions.sdk import ApiError, Client
 from gateway.auth import Role
-from gateway.executor import Outcome
-from gateway.retry_policy import decide
 from pod_runtime import job_main
 from tests.conftest import BEHAVIOURS, EXAMPLES, BrokerServer
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.settings import Settings
 from functions.errors import InvalidRequest
-from gateway.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -141,7 +141,7 @@ def test_a_return_value_over_the_output_cap_is_a_function_error(
 
 
 def test_the_output_cap_is_the_brokers_largest_json_body() -> None:
-    from gateway.settings import Settings
+    from broker.settings import Settings
 
     broker_cap = Settings.__dataclass_fields__["max_json_bytes"].default
     assert broker_cap == job_main.MAX_OUTPUT_BYTES

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.package_check import check_package_file
 from functions.errors import PackageRejected
-from gateway.package_check import check_package_file
 from pod_runtime import archive
 from pod_runtime.archive import ArchiveLimits, extract
 

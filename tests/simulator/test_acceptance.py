@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pool_manager.simulator import acceptance
-from pool_manager.simulator.report import _sensitivity
+from simulator import acceptance
+from simulator.report import _sensitivity
 
 
 def test_sensitivity_runs_each_value_cold_and_carried_over() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from benchmarks import loops
-from pool_manager.simulator.cli import main as simulate
-from pool_manager.simulator.experiment import Workload
-from pool_manager.simulator.venue import load_venue
+from simulator.cli import main as simulate
+from simulator.experiment import Workload
+from simulator.venue import load_venue
 
 BAD_WORKLOADS = [
     ({"agents": 0}, "agents"),

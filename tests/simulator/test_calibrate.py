@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from pool_manager.simulator.arms import parse_arm
-from pool_manager.simulator.calibrate import contention_per_pod
-from pool_manager.simulator.engine import Simulation
-from pool_manager.simulator.venue import Dist, load_venue
-from pool_manager.simulator.workloads import Batch, Program
+from simulator.arms import parse_arm
+from simulator.calibrate import contention_per_pod
+from simulator.engine import Simulation
+from simulator.venue import Dist, load_venue
+from simulator.workloads import Batch, Program
 
 
 def _burst(n: int) -> Program:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-import pool_manager.simulator.engine as engine
-from pool_manager.simulator.arms import arm_names, parse_arm
-from pool_manager.simulator.cli import main
-from pool_manager.simulator.experiment import Workload, report, run_arms, run_once
-from pool_manager.simulator.venue import (
+import simulator.engine as engine
+from simulator.arms import arm_names, parse_arm
+from simulator.cli import main
+from simulator.experiment import Workload, report, run_arms, run_once
+from simulator.venue import (
     load_venue,
     venue_from_mapping,
     venue_names,

@@ -10,8 +10,8 @@ import yaml
 
 from benchmarks.frontier import catalog_yaml, summarize
 from pool_manager.catalog import Catalog
-from pool_manager.simulator.arms import build_catalog, parse_arm
-from pool_manager.simulator.venue import load_venue
+from simulator.arms import build_catalog, parse_arm
+from simulator.venue import load_venue
 
 
 @pytest.mark.parametrize("arm", ["ka3", "f1-c2-ka3", "ka45", "reuse-on"])

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks.invoke import run, write_venue
-from pool_manager.simulator.venue import VENUE_DIR, load_venue
+from simulator.venue import VENUE_DIR, load_venue
 
 
 def test_measured_warm_costs_replace_the_venues_and_keep_the_rest(tmp_path: Path) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pool_manager.model import PodState
-from pool_manager.simulator.arms import arm_names, parse_arm
-from pool_manager.simulator.engine import Simulation
-from pool_manager.simulator.experiment import Workload, run_arms
-from pool_manager.simulator.venue import load_venue
+from simulator.arms import arm_names, parse_arm
+from simulator.engine import Simulation
+from simulator.experiment import Workload, run_arms
+from simulator.venue import load_venue
 
 
 def _pod_fields(sim: Simulation) -> list[tuple[object, ...]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pool_manager.simulator import acceptance
-from pool_manager.simulator.report import write_report
+from simulator import acceptance
+from simulator.report import write_report
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 

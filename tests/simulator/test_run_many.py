@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from pool_manager.simulator import experiment
-from pool_manager.simulator.arms import arm_names
-from pool_manager.simulator.experiment import Task, Workload, run_many
-from pool_manager.simulator.venue import load_venue
+from simulator import experiment
+from simulator.arms import arm_names
+from simulator.experiment import Task, Workload, run_many
+from simulator.venue import load_venue
 
 
 def _tasks(n: int, workload: Workload | None = None) -> list[Task]:

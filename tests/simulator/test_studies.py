@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pool_manager.simulator import studies
-from pool_manager.simulator.arms import build_catalog, parse_arm
-from pool_manager.simulator.experiment import Workload, run_once
-from pool_manager.simulator.venue import load_venue
+from simulator import studies
+from simulator.arms import build_catalog, parse_arm
+from simulator.experiment import Workload, run_once
+from simulator.venue import load_venue
 
 
 def test_a_long_keep_alive_holds_more_than_a_short_one() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pool_manager.simulator.arms import arm_names
-from pool_manager.simulator.cli import main as simulate
-from pool_manager.simulator.venue import (
+from simulator.arms import arm_names
+from simulator.cli import main as simulate
+from simulator.venue import (
     VENUE_DIR,
     Dist,
     check_venue_target,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pool_manager.simulator.cli import main
-from pool_manager.simulator.venue import Dist, load_venue, with_settings
+from simulator.cli import main
+from simulator.venue import Dist, load_venue, with_settings
 
 
 def test_settings_override_durations_numbers_phases_and_pool_knobs() -> None:

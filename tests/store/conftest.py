@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
+from broker.jobs import Job
+from broker.store import JobStore, migrate, open_store
 from functions.spec import FunctionSpec
-from gateway.jobs import Job
-from gateway.store import JobStore, migrate, open_store
 from tests.conftest import scratch_database
 
 

@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.jobs import Attempt, Job, JsonText, output_value
+from broker.store.codec import function_from_row, function_row, job_from_row, job_row
 from functions.spec import FunctionSpec
-from gateway.jobs import Attempt, Job, JsonText, output_value
-from gateway.store.codec import function_from_row, function_row, job_from_row, job_row
 from pool_manager.states import JobState
 
 json_values: st.SearchStrategy[Any] = st.recursive(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from gateway.store import StoreSettings
-from gateway.store.engine import make_engines
+from broker.store import StoreSettings
+from broker.store.engine import make_engines
 
 
 def test_sqlite_connections_are_wal_and_fully_synchronous(tmp_path: Path) -> None:

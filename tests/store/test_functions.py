@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from broker.store import JobStore
 from functions.errors import Forbidden
-from gateway.store import JobStore
 from tests.store.conftest import make_spec
 
 
@@ -91,7 +91,7 @@ async def test_packages_are_recorded_once(store: JobStore) -> None:
 
 
 async def test_registration_times_come_from_the_injected_clock(store_url: str) -> None:
-    from gateway.store import open_store
+    from broker.store import open_store
 
     store = await open_store(store_url, clock=lambda: 1234.5)
     try:

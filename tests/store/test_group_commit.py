@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from broker.jobs import JsonText
+from broker.store import JobStore
+from broker.store.writer import WriteContext
 from functions.errors import Conflict
-from gateway.jobs import JsonText
-from gateway.store import JobStore
-from gateway.store.writer import WriteContext
 from pool_manager.states import JobState
 from tests.store.conftest import make_job
 
@@ -111,7 +111,7 @@ async def test_a_write_whose_waiter_is_cancelled_still_happens(store: JobStore) 
 
 
 async def test_writes_after_close_are_refused(store_url: str) -> None:
-    from gateway.store import open_store
+    from broker.store import open_store
 
     store = await open_store(store_url)
     pending = asyncio.ensure_future(store.submit(make_job()))

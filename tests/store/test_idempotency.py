@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from broker.store import JobStore, open_store
 from functions.errors import IdempotencyMismatch
-from gateway.store import JobStore, open_store
 from tests.store.conftest import make_job
 
 

@@ -8,10 +8,10 @@ import dataclasses
 import orjson
 import pytest
 
+from broker.jobs import Attempt, Job, JsonText, output_value
+from broker.store import JobStore, StaleRevision, open_store
+from broker.store.codec import MUTABLE_JOB_COLUMNS
 from functions.errors import Conflict, NotFound
-from gateway.jobs import Attempt, Job, JsonText, output_value
-from gateway.store import JobStore, StaleRevision, open_store
-from gateway.store.codec import MUTABLE_JOB_COLUMNS
 from pool_manager.states import IllegalTransition, JobState
 from tests.store.conftest import make_job
 

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from gateway.store import open_store
+from broker.store import open_store
 from pool_manager.states import JobState
 from tests.store.conftest import make_job
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from gateway.jobs import output_value
-from gateway.store import JobStore, StoreSettings, open_store
-from gateway.store.engine import make_engines
+from broker.jobs import output_value
+from broker.store import JobStore, StoreSettings, open_store
+from broker.store.engine import make_engines
 from pool_manager.states import JobState
 from tests.store.conftest import make_job
 

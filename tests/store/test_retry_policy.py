@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.retry_policy import NEVER_RETRY, decide
 from functions.errors import ErrorClass
-from gateway.retry_policy import NEVER_RETRY, decide
 
 
 @pytest.mark.parametrize("cls", sorted(NEVER_RETRY))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gateway.store import SchemaError, StoreSettings, migrate, open_store
-from gateway.store.codec import job_row
-from gateway.store.engine import make_engines
-from gateway.store.schema import current_revision, head_revision, upgrade_to
+from broker.store import SchemaError, StoreSettings, migrate, open_store
+from broker.store.codec import job_row
+from broker.store.engine import make_engines
+from broker.store.schema import current_revision, head_revision, upgrade_to
 from tests.store.conftest import make_job
 
 
@@ -129,7 +129,7 @@ async def test_the_models_match_the_migrated_schema(empty_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from gateway.store.tables import Base
+    from broker.store.tables import Base
 
     migrate(empty_url)
     write, read = make_engines(empty_url, StoreSettings())
@@ -143,7 +143,7 @@ async def test_the_models_match_the_migrated_schema(empty_url: str) -> None:
 
 
 def test_the_head_revision_constant_matches_the_migrations_directory() -> None:
-    from gateway.store.schema import HEAD_REVISION, head_revision
+    from broker.store.schema import HEAD_REVISION, head_revision
 
     assert head_revision() == HEAD_REVISION
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from broker.jobs import output_value
+from broker.store import JobStore, StoreSettings, open_store
+from broker.store.store import STATEMENT_OVERHEAD, sent_size
 from functions.errors import TooLarge
-from gateway.jobs import output_value
-from gateway.store import JobStore, StoreSettings, open_store
-from gateway.store.store import STATEMENT_OVERHEAD, sent_size
 from pool_manager.states import JobState
 from tests.store.conftest import make_job
 

@@ -1,0 +1,327 @@
+"""Runs one attempt on the pods of a lease through their agents (paper A.1 step 5, A.2).
+
+For a single pod the attempt is one request that returns when the job ends (``wait: true``);
+a gang starts every rank first, then waits for all of them, and rank 0's result is the job's.
+Rank and rendezvous variables go in ``system_env``, which the agent applies after the user's
+filtered env, so a user cannot override them. An agent that stops answering makes the attempt
+``PodLost`` (retryable); everything else is the function's own outcome. A caller's cancel that
+an agent does not answer (a job can stop its own agent) abandons the attempt: it ends
+``cancelled`` at once and its pods are deleted, never waited for nor reused.
+
+Concurrency: event-loop only; ``_abandon`` holds one event per attempt in flight in ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.agent_client import AgentClient, AgentUnreachable
+from broker.jobs import Job, JsonText
+from functions.errors import ErrorClass
+from functions.nesting import MAX_NESTING, json_within
+from functions.spec import MAX_TIMEOUT_S, FunctionSpec
+from pod_runtime.deps import INSTALL_TIMEOUT_S
+
+GRACE_S = 30.0
+
+
+def attempt_deadline_s(job_timeout_s: float | None, spec: FunctionSpec | None) -> float:
+    """How long the broker waits for an attempt's outcome before it counts the pod lost: the
+    job's own ``timeout_s``, else its function's (the agent enforces it from the job's
+    process), the grace, and for a function with requirements the agent's install budget,
+    which comes before the job's clock starts. Without it a slow install (a hanging index)
+    was cut at ``timeout_s`` plus the grace and ended ``PodLost``, retried on new pods,
+    instead of the agent's own ``DependencyInstallFailed`` (adversarial run: 36 s and 3 pods
+    per call). ``spec`` None (a function gone, after a restart): the longest any may take."""
+    if spec is None:
+        return (job_timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S
+    install = INSTALL_TIMEOUT_S if spec.requirements_digest else 0.0
+    return (job_timeout_s or spec.timeout_s) + GRACE_S + install
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt ended with."""
+
+    state: str  # succeeded | failed | cancelled
+    output: Any = None
+    error: dict[str, str] | None = None
+    exit_code: int | None = None
+    started: float | None = None
+    first_instruction: float | None = None
+    finished: float | None = None
+    lost_pods: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_agent(cls, body: Mapping[str, Any]) -> Outcome:
+        """The agent's result. Its output is kept as JSON text (``JsonText``), serialized
+        once here and never built again: the store keeps that text and every answer embeds
+        it. An output that nests past the limit, which only a job that forged its agent's
+        answer can send, fails the attempt as ``FunctionError``."""
+        state = str(body.get("state", "failed"))
+        output, error = body.get("output"), bounded_error(body.get("error"))
+        if output is not None:
+            try:
+                output = JsonText(json_within(output).decode())
+            except ValueError as exc:
+                state, output = "failed", None
+                message = f"the pod answered an output past {MAX_NESTING} levels: {exc}"
+                error = {"class": str(ErrorClass.FUNCTION_ERROR), "message": message}
+        return cls(
+            state=state,
+            output=output,
+            error=error,
+            exit_code=body.get("exit_code"),
+            started=body.get("started"),
+            first_instruction=body.get("first_instruction"),
+            finished=body.get("finished"),
+        )
+
+    @classmethod
+    def refused(cls, pod: str, body: Any) -> Outcome:
+        """The agent answered 400: the attempt spec itself is bad (a broker-side check it
+        passed, the agent's did not). The pod ran nothing and is sound: fail the job with the
+        agent's typed error, as a request error (never retried), and keep the pod."""
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict) or "class" not in error:
+            error = {"class": str(ErrorClass.INVALID_REQUEST), "message": str(body)}
+        message = f"pod {pod} refused the attempt: {error.get('message', '')}"
+        kept = bounded_error({**error, "message": message})
+        return cls(state="failed", error=kept, finished=time.time())
+
+    @classmethod
+    def pod_lost(cls, pods: list[str], message: str) -> Outcome:
+        return cls(
+            state="failed",
+            error=bounded_error({"class": str(ErrorClass.POD_LOST), "message": message}),
+            finished=time.time(),
+            lost_pods=pods,
+        )
+
+
+ERROR_FIELD_CHARS = 8192
+"""Longest text kept in one field of an attempt's error (the agent sends at most 8,000
+characters of message and of traceback; a forged answer could send megabytes, which every
+read and listing of the job would then carry twice: job and attempt)."""
+ERROR_FIELDS = 6
+"""Most fields kept in an attempt's error (``class``, ``message``, ``type``, ``traceback``...)."""
+
+
+def bounded_error(error: object) -> dict[str, str] | None:
+    """The agent's error as the broker keeps it: string fields, each at most
+    ``ERROR_FIELD_CHARS`` (the rest counted), at most ``ERROR_FIELDS`` of them."""
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        error = {"class": str(ErrorClass.INTERNAL), "message": str(error)}
+    kept: dict[str, str] = {}
+    for key, value in list(error.items())[:ERROR_FIELDS]:
+        text = value if isinstance(value, str) else str(value)
+        if len(text) > ERROR_FIELD_CHARS:
+            cut = len(text) - ERROR_FIELD_CHARS
+            text = f"{text[:ERROR_FIELD_CHARS]} ... [{cut} more characters]"
+        kept[str(key)[:64]] = text
+    return kept
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Executor:
+    def __init__(
+        self,
+        agents: AgentClient,
+        endpoints: Mapping[str, str],
+        package_url: Callable[[str], str],
+    ) -> None:
+        self.agents = agents
+        self.endpoints = endpoints
+        self.package_url = package_url
+        self._abandon: dict[str, asyncio.Event] = {}
+
+    def attempt_spec(
+        self, job: Job, spec: FunctionSpec, attempt_id: str, rank: int, world: int, port: int
+    ) -> dict[str, Any]:
+        system_env = {
+            "FIREPOOL_CALLER": job.caller,
+            "FIREPOOL_JOB_ID": job.id,
+            "FIREPOOL_ATTEMPT_ID": attempt_id,
+            "FIREPOOL_FUNCTION": f"{spec.name}:{spec.version}",
+        }
+        if world > 1:
+            system_env.update(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK="0",
+            )
+        requirements = None
+        if spec.requirements_digest is not None:
+            requirements = {
+                "url": self.package_url(spec.requirements_digest),
+                "digest": spec.requirements_digest,
+            }
+        return {
+            "attempt_id": attempt_id,
+            "package": {
+                "url": self.package_url(spec.package_digest),
+                "digest": spec.package_digest,
+            },
+            "entrypoint": spec.entrypoint,
+            "command": list(spec.command) if spec.command is not None else None,
+            "input": job.input,
+            "env": dict(spec.env),
+            "system_env": system_env,
+            "requirements": requirements,
+            "timeout_s": job.timeout_s or spec.timeout_s,
+            "wait": world == 1,
+        }
+
+    async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
+        timeout = attempt_deadline_s(job.timeout_s, spec)
+        world = len(pods)
+        port = _free_port() if world > 1 else 0
+        specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]
+        if world == 1:
+            work = self._run_one(pods[0], specs[0], timeout)
+        else:
+            work = self._run_gang(pods, specs, timeout)
+        return await self._unless_abandoned(attempt_id, pods, work)
+
+    async def reattach(self, pods: list[str], attempt_id: str, timeout: float) -> Outcome:
+        """Wait for an attempt a restarted broker found running (``wait``), unless a caller's
+        cancel abandons it first, as ``run`` does."""
+        return await self._unless_abandoned(
+            attempt_id, pods, self.wait(pods[0], attempt_id, timeout)
+        )
+
+    async def _unless_abandoned(
+        self, attempt_id: str, pods: list[str], work: Coroutine[Any, Any, Outcome]
+    ) -> Outcome:
+        """``work``'s outcome, unless ``cancel`` abandons the attempt first."""
+        abandon = self._abandon[attempt_id] = asyncio.Event()
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(abandon.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            self._abandon.pop(attempt_id, None)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        message = "cancelled by caller; the pod's agent did not answer, so its pods are deleted"
+        return Outcome(
+            state="cancelled",
+            error={"class": str(ErrorClass.CANCELLED), "message": message},
+            finished=time.time(),
+            lost_pods=list(pods),
+        )
+
+    async def _run_one(self, pod: str, spec: dict[str, Any], timeout: float) -> Outcome:
+        endpoint = self.endpoints.get(pod)
+        if endpoint is None:
+            return Outcome.pod_lost([pod], f"pod {pod} has no endpoint")
+        try:
+            status, body = await self.agents.start(endpoint, spec, timeout)
+        except AgentUnreachable as exc:
+            return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
+        if status == 400:
+            return Outcome.refused(pod, body)
+        if status != 200:
+            return Outcome.pod_lost([pod], f"agent refused the attempt: HTTP {status} {body}")
+        return Outcome.from_agent(body)
+
+    async def _run_gang(
+        self, pods: list[str], specs: list[dict[str, Any]], timeout: float
+    ) -> Outcome:
+        started: list[str] = []
+        for pod, spec in zip(pods, specs, strict=True):
+            endpoint = self.endpoints.get(pod)
+            try:
+                if endpoint is None:
+                    raise AgentUnreachable(f"pod {pod} has no endpoint")
+                status, body = await self.agents.start(endpoint, spec, 10.0)
+                if status == 400:  # a bad spec, the same for every rank: nothing is lost
+                    await self.cancel(started, spec["attempt_id"])
+                    return Outcome.refused(pod, body)
+                if status not in (200, 202):
+                    raise AgentUnreachable(f"agent refused: HTTP {status} {body}")
+                started.append(pod)
+            except AgentUnreachable as exc:
+                await self.cancel(started, spec["attempt_id"])
+                return Outcome.pod_lost([pod], f"launch failed on {pod}: {exc}")
+        attempt_id = specs[0]["attempt_id"]
+        waits = {asyncio.ensure_future(self.wait(p, attempt_id, timeout)): p for p in pods}
+        results: dict[str, Outcome] = {}
+        failed: Outcome | None = None  # the first rank to fail: the gang's outcome
+        pending = set(waits)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = results[waits[task]] = task.result()
+                    if failed is None and (result.lost_pods or result.state != "succeeded"):
+                        # One rank failed: the others would wait on it (a collective) or
+                        # run on for nothing; they are stopped now, not at their own end
+                        # (rank 0 ran 20 s after rank 1 failed at 0 s: adversarial run).
+                        failed = result
+                        if pending:
+                            await self.cancel([waits[t] for t in pending], attempt_id)
+        finally:
+            for task in pending:  # cancelled from outside (an abandoned attempt)
+                task.cancel()
+        lost = [p for p in pods if results[p].lost_pods]
+        if lost:
+            await self.cancel(pods, attempt_id)
+            return Outcome.pod_lost(lost, f"rank pods lost: {lost}")
+        rank0 = results[pods[0]]
+        if failed is not None and failed is not rank0:
+            rank0.state, rank0.error = failed.state, failed.error
+            rank0.exit_code = failed.exit_code
+        return rank0
+
+    async def wait(self, pod: str, attempt_id: str, timeout: float) -> Outcome:
+        """Wait for an attempt already running on ``pod`` (gang ranks, re-attach on restart)."""
+        endpoint = self.endpoints.get(pod)
+        if endpoint is None:
+            return Outcome.pod_lost([pod], f"pod {pod} has no endpoint")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                body = await self.agents.result(endpoint, attempt_id, wait_s=20.0)
+            except AgentUnreachable as exc:
+                return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
+            if body is None:
+                return Outcome.pod_lost([pod], f"agent on {pod} does not know {attempt_id}")
+            if body.get("state") != "running":
+                return Outcome.from_agent(body)
+            if loop.time() > deadline:
+                return Outcome.pod_lost([pod], f"{attempt_id} outlived its timeout")
+
+    async def cancel(self, pods: list[str], attempt_id: str, abandon: bool = False) -> None:
+        """Ask each pod's agent to cancel ``attempt_id``. ``abandon`` (a caller's cancel):
+        if an agent does not answer, end the attempt now as cancelled, its pods lost."""
+        silent = False
+        for pod in pods:
+            endpoint = self.endpoints.get(pod)
+            if endpoint is not None:
+                try:
+                    await self.agents.cancel(endpoint, attempt_id)
+                except AgentUnreachable:
+                    silent = True
+        if abandon and silent and attempt_id in self._abandon:
+            self._abandon[attempt_id].set()

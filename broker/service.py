@@ -1,0 +1,475 @@
+"""Composition root: builds the broker's parts from ``Settings`` and runs them.
+
+Startup order (paper A.1): open the store (schema checked) → rebuild the tracker from the
+backend's pods and the store (recovery) → start the dispatcher. Shutdown (the uvicorn way):
+stop intake, drain running jobs for ``drain_s``, cancel the rest; pods keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from broker import PROCESS_STARTED
+from broker.agent_client import AgentClient, AgentUnreachable
+from broker.dispatcher import Dispatcher
+from broker.exclusive import BrokerLocks
+from broker.executor import Executor
+from broker.jobs import Job
+from broker.keys import load_or_create_key
+from broker.lifecycle import LogArchive, PodRecycler
+from broker.package_check import check_package_file
+from broker.pods import IDLE_CHECK_S, PodManager
+from broker.recovery import recover
+from broker.settings import Settings, private_home
+from broker.store import JobStore, StoreSettings, open_store
+from broker.store.store import STATEMENT_OVERHEAD
+from functions.errors import Forbidden, InvalidRequest, NotFound
+from functions.package_store import LocalPackageStore, UrlSigner
+from functions.spec import FunctionSpec
+from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
+from pool_manager.backends.base import PodBackend
+from pool_manager.backends.gpus import GpuInventory
+from pool_manager.backends.local import LocalBackend, operator_home
+from pool_manager.catalog import Catalog
+from pool_manager.pod_index import gpus_per_pod
+from pool_manager.states import JobState
+from pool_manager.tracker import Tracker
+
+log = logging.getLogger("firepool.broker")
+
+
+_ids = random.Random(secrets.randbits(128))
+
+
+def new_job_id() -> str:
+    """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
+    (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
+    return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
+
+
+def check_function_env(env: Mapping[str, str]) -> None:
+    """``InvalidRequest`` (field ``env``) for a variable the pod's agent would drop
+    (``pod_runtime.jobenv.user_var_allowed``: a reserved name such as ``LD_PRELOAD``, a name
+    that is not an identifier, a value over 32 KiB) or more than 256 of them: they were
+    stored, then silently missing from every job (adversarial run, 3 of 3)."""
+    if len(env) > MAX_USER_VARS:
+        raise InvalidRequest(
+            f"env has {len(env)} variables; a job gets at most {MAX_USER_VARS}", field="env"
+        )
+    for name, value in env.items():
+        if len(value) > MAX_VALUE:
+            raise InvalidRequest(
+                f"env {name}: the value is {len(value)} characters; the cap is {MAX_VALUE}",
+                field="env",
+            )
+        if not user_var_allowed(name, value):
+            raise InvalidRequest(
+                f"env {name!r} is reserved by the pod or not a valid variable name "
+                "(docs/pod_runtime.md lists the names a job's environment may not set)",
+                field="env",
+            )
+
+
+class Broker:
+    def __init__(self, settings: Settings, backend: PodBackend | None = None) -> None:
+        self.settings = settings
+        home = settings.home
+        private_home(home)
+        self.catalog = (
+            Catalog.load(settings.catalog_path) if settings.catalog_path else Catalog.default()
+        )
+        key = load_or_create_key(home / "signing.key")
+        self.signing_key = key
+        """Signs callers' tokens (the gateway's ``Authenticator`` checks them with it)."""
+        self.packages = LocalPackageStore(
+            home / "packages",
+            UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
+            settings.resolved_public_url,
+            settings.package_url_ttl_s,
+        )
+        self.backend: PodBackend = backend or LocalBackend(
+            home / "pods",
+            sandbox=settings.sandbox,
+            gpus=GpuInventory(self.catalog.gpus),
+            private=[home, *operator_home()],  # its keys, job store, packages, logs
+        )
+        self.tracker = Tracker(self.catalog)
+        self.ledger = self.tracker.ledger
+        self.agents = AgentClient()
+        self.logs = LogArchive(home / "logs")
+        self.clock = time.time
+        self._latest: dict[str, FunctionSpec] = {}
+        self._changes: Counter[str] = Counter()
+        """Registers and deletes begun per function name (``_cache_latest``)."""
+        self.locks = BrokerLocks(home, settings.resolved_store_url)
+        """Held from ``start`` to ``stop`` (or taken earlier by ``firepool serve``)."""
+        self.store: JobStore | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
+        self._gpu_task: asyncio.Task[None] | None = None
+        self._lock_task: asyncio.Task[None] | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+        self.ready = False
+        self.accepting = True
+        self.refusal = "the broker is shutting down"
+        """Why new jobs are refused once ``accepting`` is False (the API's 503 says it)."""
+        self.counters: Counter[str] = Counter()
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        assert self._dispatcher is not None, "broker not started"
+        return self._dispatcher
+
+    @property
+    def jobs(self) -> JobStore:
+        assert self.store is not None, "broker not started"
+        return self.store
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        await asyncio.to_thread(self.locks.acquire)  # before any pod or job is touched
+        self.store = await open_store(
+            self.settings.resolved_store_url,
+            settings=StoreSettings(
+                result_retention_s=self.settings.result_retention_s,
+                idempotency_retention_s=self.settings.idempotency_retention_s,
+            ),
+        )
+        t_store = time.monotonic()
+        limit = self.store.max_statement_bytes
+        if limit is not None and limit < 2 * self.settings.max_json_bytes + STATEMENT_OVERHEAD:
+            log.warning(
+                "the job store takes statements of at most %d bytes (MySQL max_allowed_packet): "
+                "an input or output of more than about %d bytes (half that for text full of "
+                "quotes) is refused with TooLarge; set max_allowed_packet to %d or more to "
+                "take every body up to max_json_bytes (%d)",
+                limit, limit - STATEMENT_OVERHEAD, 2 * self.settings.max_json_bytes
+                + STATEMENT_OVERHEAD, self.settings.max_json_bytes,
+            )  # fmt: skip
+        pods = PodManager(
+            self.backend,
+            self.tracker,
+            self.catalog,
+            self.agents,
+            self.clock,
+            on_change=self._wake,
+            ready_timeout_s=self.settings.pod_ready_timeout_s,
+        )
+        self.pods = pods
+        # A release frees a pod to claim (wake); supply changes (create, ready, gone) replan.
+        recycler = PodRecycler(
+            self.tracker, pods, self.agents, self.logs, self.clock, self._claim_again
+        )
+        self.recycler = recycler
+        executor = Executor(self.agents, pods.endpoints, self.packages.url)
+        self._dispatcher = Dispatcher(
+            self.store,
+            self.tracker,
+            pods,
+            executor,
+            recycler,
+            self.function_version,
+            self.clock,
+            tick_s=self.settings.dispatch_tick_s,
+            reconcile_s=self.settings.reconcile_s,
+        )
+        self.counters = self._dispatcher.counters
+        await recover(self)
+        t_recovered = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self._loop_task = loop.create_task(self.dispatcher.run())
+        self._sweep_task = loop.create_task(self._retention_sweeps())
+        self._gpu_task = loop.create_task(self._gpu_sweeps())
+        self._lock_task = loop.create_task(self._lock_checks())
+        self._idle_task = loop.create_task(self._idle_pod_checks())
+        self.ready = True
+        log.info(
+            "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
+            "recovery %.3f s)",
+            t_recovered - PROCESS_STARTED,
+            t0 - PROCESS_STARTED,
+            t_store - t0,
+            t_recovered - t_store,
+        )
+
+    async def _lock_checks(self) -> None:
+        """Keep this broker's locks (``BrokerLocks.check``). If another broker took one while
+        it was lost, this one stops taking and dispatching jobs (fail closed: two dispatchers
+        on one store run jobs twice), says so at ERROR and in ``/readyz``, and waits for its
+        operator."""
+        while True:
+            await asyncio.sleep(self.settings.lock_check_s)
+            try:
+                taken = await asyncio.to_thread(self.locks.check)
+            except Exception:
+                log.exception("checking this broker's locks failed; trying again")
+                continue
+            if taken is not None:
+                log.error("stopping: %s", taken)
+                self.refusal = f"the broker stopped taking jobs: {taken}"
+                self.accepting = self.ready = False
+                self.dispatcher.halt()
+                return
+
+    async def _idle_pod_checks(self) -> None:
+        """Every ``IDLE_CHECK_S``, retire idle pods whose backend says they stopped
+        (``PodManager.retire_exited``): a pod that died while idle was handed to the next
+        job, which failed ``PodLost`` (adversarial run, 4 of 4)."""
+        while True:
+            await asyncio.sleep(IDLE_CHECK_S)
+            try:
+                await self.pods.retire_exited()
+            except Exception:
+                log.exception("checking idle pods failed; trying again")
+
+    async def _retention_sweeps(self) -> None:
+        """Expire outputs past the result retention, and delete their logs."""
+        while True:
+            await asyncio.sleep(self.settings.retention_sweep_s)
+            try:
+                while expired := await self.jobs.expire(self.clock()):
+                    for job_id in expired:
+                        self.logs.delete(job_id)
+                    if len(expired) < 1000:
+                        break
+            except Exception:
+                log.exception("retention sweep failed")
+
+    async def _gpu_sweeps(self) -> None:
+        """Re-verify each card's exclusivity (paper A.4): standby promotion stays off on a
+        card until a successful read says only our pods use it, and after every restart."""
+        while True:
+            gpus = sorted({p.gpu for p in self.tracker.pods() if p.gpu is not None})
+            if gpus:
+                try:
+                    verdicts = await self.backend.sweep(gpus)
+                except Exception:
+                    log.exception("GPU exclusivity sweep failed; nothing changes this tick")
+                    verdicts = {}
+                now = self.clock()
+                for gpu, exclusive in verdicts.items():
+                    self.tracker.mark_gpu_verified(gpu, exclusive, now)
+                if verdicts:
+                    self._wake()
+            await asyncio.sleep(self.settings.gpu_sweep_s)
+
+    def _wake(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.replan()
+
+    def _claim_again(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
+    async def stop(self) -> None:
+        self.accepting = False
+        self.ready = False
+        if self._dispatcher is not None:
+            await self.dispatcher.stop(self.settings.drain_s)
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        for task in (self._sweep_task, self._gpu_task, self._lock_task, self._idle_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._dispatcher is not None:
+            await self.recycler.drain()
+            await self.pods.drain()
+        await self.agents.close()
+        await self.backend.close()
+        if self.store is not None:
+            await self.store.close()
+        await asyncio.to_thread(self.locks.release)
+
+    # -- functions ----------------------------------------------------------------------
+    async def function_version(self, name: str, version: int) -> FunctionSpec | None:
+        key = (name, version)
+        spec = self.dispatcher.specs.get(key)
+        if spec is None:
+            spec = await self.jobs.get_function(name, version)
+            if spec is not None:
+                self.dispatcher.specs[key] = spec
+        return spec
+
+    async def latest_function(self, name: str) -> FunctionSpec:
+        spec = self._latest.get(name)
+        if spec is None:
+            changes = self._changes[name]
+            spec = await self.jobs.get_function(name)
+            if spec is None:
+                raise NotFound(f"no function named {name!r}")
+            self._cache_latest(spec, changes)
+            self.dispatcher.specs[(spec.name, spec.version)] = spec
+        return spec
+
+    def _cache_latest(self, spec: FunctionSpec, changes: int) -> None:
+        """Cache ``spec`` as its name's latest version, unless a register or delete of the
+        name ran while it was read or written (``changes`` is the count before): a read that
+        began before a delete committed would otherwise cache the deleted function for good,
+        served and invoked while the store has it gone."""
+        if self._changes[spec.name] == changes:
+            self._latest[spec.name] = spec
+
+    async def register_function(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
+        """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
+        the field for a spec no job of it could ever run: an unknown pool, a gang larger
+        than the pool's ceiling or its accelerator's budget, a package not uploaded; and
+        ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
+        spec.validate()
+        check_function_env(spec.env)
+        pool = self.catalog.pool(spec.sku)
+        budget = self.catalog.budget(pool.accelerator)
+        most = pool.max_count
+        if budget is not None:
+            most = min(most, budget // max(1, pool.units_per_pod))
+        if spec.pods > most:
+            raise InvalidRequest(
+                f"pods ({spec.pods}) exceeds what pool {spec.sku!r} can ever hold at once "
+                f"({most}: its max_count, and its {pool.accelerator} budget)",
+                field="pods",
+            )
+        if not await self.may_use_package(spec.package_digest, spec.owner, as_admin):
+            raise InvalidRequest(
+                "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
+            )
+        await asyncio.to_thread(check_package_file, self.packages.path(spec.package_digest))
+        if spec.requirements_digest and not await self.may_use_package(
+            spec.requirements_digest, spec.owner, as_admin
+        ):
+            raise InvalidRequest("upload the requirements file first", field="requirements")
+        self._forget_latest(spec.name)
+        try:
+            # Not cached here: of registrations racing, this one's version may not be the
+            # latest; the next read takes the latest from the store.
+            stored = await self.jobs.put_function(spec, as_admin=as_admin)
+        finally:
+            self._forget_latest(spec.name)
+        self.dispatcher.specs[(stored.name, stored.version)] = stored
+        return stored
+
+    async def may_use_package(self, digest: str, caller: str, as_admin: bool) -> bool:
+        """Whether the package ``digest`` is stored and ``caller`` may register functions on
+        it: an admin, or a caller who uploaded its bytes (``JobStore.uploaded_by``). Every
+        other caller is told it is not there (no existence oracle)."""
+        if not self.packages.exists(digest):
+            return False
+        return as_admin or await self.jobs.uploaded_by(digest, caller)
+
+    async def delete_function(self, name: str, caller: str | None = None) -> bool:
+        """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an
+        admin). Its queued jobs then fail ``NotFound`` when their turn comes (the dispatcher
+        reads the version again), as after a restart; running ones finish. (Before, they ran
+        on the deleted version unless the broker had restarted meanwhile.)"""
+        self._forget_latest(name)
+        try:
+            return await self.jobs.delete_function(name, caller)
+        finally:
+            self._forget_latest(name)
+            specs = self.dispatcher.specs
+            for key in [key for key in specs if key[0] == name]:
+                del specs[key]
+
+    def _forget_latest(self, name: str) -> None:
+        """Around a register or delete: drop the cached latest version, and make any read
+        overlapping the write cache nothing (``_cache_latest``)."""
+        self._changes[name] += 1
+        self._latest.pop(name, None)
+
+    # -- jobs ---------------------------------------------------------------------------
+    def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:
+        """Refuse a job that could never be placed: ``NotFound`` if its function's pool is
+        not in the catalog (removed since it was registered), ``Forbidden`` if it needs
+        more than its caller's own limits allow at once (a 2-pod gang for a ``max_pods: 1``
+        caller was accepted and queued forever, 2 idle pods kept for it: adversarial run)."""
+        limits = self.catalog.limits_for(caller)
+        pool = self.catalog.pools.get(spec.sku)
+        if pool is None:  # registered under a catalog that had it
+            raise NotFound(
+                f"function {spec.name!r} runs on pool {spec.sku!r}, which this broker's "
+                "catalog does not have"
+            )
+        gpus = spec.pods * gpus_per_pod(pool)
+        over = limits.exceeded_by(spec.pods, gpus)
+        if over is not None:
+            want, what, limit = (
+                (spec.pods, "pods", limits.max_pods)
+                if over == "caller_pod_limit"
+                else (gpus, "GPUs", limits.max_gpus)
+            )
+            raise Forbidden(
+                f"function {spec.name!r} needs {want} {what} at once; caller {caller!r} "
+                f"may hold at most {limit} (max_{what.lower()} in the catalog's limits)"
+            )
+
+    async def submit(
+        self,
+        caller: str,
+        name: str,
+        body: dict[str, Any],
+        idempotency_key: str | None,
+        request_hash: str | None,
+    ) -> tuple[Job, bool]:
+        spec = await self.latest_function(name)
+        self._check_placeable(spec, caller)
+        job = Job(
+            id=new_job_id(),
+            function=spec.name,
+            version=spec.version,
+            caller=caller,
+            sku=spec.sku,
+            input=body["input"],
+            state=JobState.QUEUED,
+            lease_tag=body["lease_tag"],
+            queue=body["queue"],
+            priority=body["priority"],
+            timeout_s=body["timeout_s"],
+            max_retries=spec.max_retries,
+            pods_needed=spec.pods,
+            submitted=self.clock(),
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+        stored, created = await self.jobs.submit(job)
+        if created:
+            self.counters["jobs_submitted"] += 1
+            self.dispatcher.enqueue(stored)
+        return stored, created
+
+    async def live_log(self, job: Job, offset: int) -> bytes:
+        """Rank 0's log of the running attempt from byte ``offset``: the bytes the job wrote,
+        at the offsets the archive keeps them at; empty when it cannot be read (the attempt
+        just ended: the archive has it then)."""
+        pod = job.attempts[-1].pods[0] if job.attempts and job.attempts[-1].pods else None
+        endpoint = self.pods.endpoints.get(pod) if pod else None
+        if endpoint is None:
+            return b""
+        try:
+            chunk = await self.agents.logs(endpoint, job.attempts[-1].id, offset)
+        except AgentUnreachable:
+            return b""
+        return chunk.data if chunk else b""
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """The job as callers see it: durable states only (a job whose RUNNING commit or
+        outcome is being recorded reads as the store has it), the live copy while it is
+        queued or running."""
+        durable = self.dispatcher.finishing.get(job_id) or self.dispatcher.starting.get(job_id)
+        if durable is not None:
+            return durable
+        live = self.dispatcher.live.get(job_id)
+        if live is not None:
+            return live
+        return await self.jobs.get_job(job_id)
+
+
+def request_digest(name: str, body: bytes) -> str:
+    return hashlib.sha256(name.encode() + b"\0" + body).hexdigest()

@@ -1,0 +1,318 @@
+"""Broker settings: one frozen dataclass, read once at startup from the environment/CLI.
+
+No other module reads ``os.environ`` for configuration; they receive a ``Settings``. Every
+field is read from one variable, ``FIREPOOL_<FIELD>`` (``env_name``; ``catalog_path`` keeps
+its documented ``FIREPOOL_CATALOG``), checked by the parser its type names: an ``Annotated``
+field carries its own (``Interval``, ``Seconds``, ``Count``, ...), the plain types share
+``_PARSERS``. A bad value is refused at start-up with ``InvalidRequest`` naming the variable
+(the CLI prints one ``error:`` line and exits 2), never accepted and found out later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
+
+from functions.errors import InvalidRequest
+
+log = logging.getLogger("firepool.broker")
+
+Parse = Callable[[str, str], Any]
+"""How ``Settings.from_env`` reads one variable: ``(its name, its text)`` to the field's
+value, or ``InvalidRequest`` naming the variable."""
+
+
+def _refuse(name: str, what: str, text: str) -> InvalidRequest:
+    return InvalidRequest(f"{name} must be {what}, not {text!r}", field=name)
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan  # refused below like NaN itself
+
+
+def _seconds(name: str, text: str) -> float:
+    """Seconds >= 0; ``inf`` means forever (a retention)."""
+    value = _float(text)
+    if not value >= 0:  # NaN fails too
+        raise _refuse(name, "a number of seconds >= 0", text)
+    return value
+
+
+def _finite_seconds(name: str, text: str) -> float:
+    """Seconds >= 0 and finite, where 0 means "not at all" (no sync wait, no drain)."""
+    value = _float(text)
+    if not 0 <= value < math.inf:
+        raise _refuse(name, "a finite number of seconds >= 0", text)
+    return value
+
+
+def _interval(name: str, text: str) -> float:
+    """Seconds > 0 and finite: a loop sleeps this long between passes, or waits this long for
+    something (0 made an idle broker spin a core: adversarial run)."""
+    value = _float(text)
+    if not 0 < value < math.inf:
+        raise _refuse(name, "a number of seconds > 0", text)
+    return value
+
+
+def _whole(name: str, text: str, low: int, high: float, what: str) -> int:
+    """A whole number in [low, high]; else ``InvalidRequest`` saying it must be ``what``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise _refuse(name, what, text)
+    return value
+
+
+def _count(name: str, text: str) -> int:
+    """A whole number > 0: a size, a capacity, a lifetime in whole seconds."""
+    return _whole(name, text, 1, math.inf, "a whole number > 0")
+
+
+def _port(name: str, text: str) -> int:
+    """A TCP port (a larger number wrapped around in the socket call)."""
+    return _whole(name, text, 1, 65535, "a port (1-65535)")
+
+
+def _text(name: str, text: str) -> str:
+    if not text.strip():
+        raise _refuse(name, "a non-empty string", text)
+    return text
+
+
+def _path(name: str, text: str) -> Path:
+    return Path(_text(name, text))
+
+
+def _optional_path(name: str, text: str) -> Path | None:
+    """Empty: unset (the default)."""
+    return Path(text) if text else None
+
+
+def _optional_text(name: str, text: str) -> str | None:
+    """Empty: unset (the default)."""
+    return text or None
+
+
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def _flag(name: str, text: str) -> bool:
+    value = _FLAGS.get(text.strip().lower())
+    if value is None:
+        raise _refuse(name, "1, true, 0 or false", text)
+    return value
+
+
+def _flag_or_auto(name: str, text: str) -> bool | None:
+    """``auto``: None, the field's "decide at run time" (``sandbox``: when available)."""
+    if text.strip().lower() == "auto":
+        return None
+    if text.strip().lower() not in _FLAGS:
+        raise _refuse(name, "1, true, 0, false or auto", text)
+    return _flag(name, text)
+
+
+def _http_url(name: str, text: str) -> str | None:
+    """Empty: unset. Else an http:// or https:// URL with a host and no query: pods fetch
+    packages below it, and any other was accepted and then failed every job
+    ``PackageRejected`` (adversarial run)."""
+    if not text:
+        return None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (a bad port raises ValueError)
+    except ValueError:
+        parts = urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise _refuse(name, "an http:// or https:// URL with a host (what pods reach)", text)
+    return text
+
+
+def _store_url(name: str, text: str) -> str | None:
+    """Empty: unset (SQLite in the home). Else a URL ``broker.store`` opens: SQLite or MySQL
+    with an installed driver, and never an in-memory database (a broker's store must outlive
+    it; the store's lock even left a file named ``:memory:`` in the working directory). Each
+    was a traceback before (adversarial run). The URL is not echoed: it may hold a password."""
+    if not text:
+        return None
+    # Imported here: only a broker configured for another store pays for SQLAlchemy.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from broker.store.engine import backend_of, sqlite_file
+
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError):
+        raise InvalidRequest(
+            f"{name} is not a database URL (sqlite:///PATH or mysql+pymysql://USER@HOST/DB)",
+            field=name,
+        ) from None
+    try:
+        backend = backend_of(url)
+        url.get_dialect().import_dbapi()
+    except ValueError as exc:
+        raise InvalidRequest(f"{name}: {exc}", field=name) from None
+    except (ArgumentError, ImportError) as exc:
+        raise InvalidRequest(
+            f"{name}: no driver for {url.drivername!r} here ({exc}); use mysql+pymysql://",
+            field=name,
+        ) from None
+    memory = url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    if backend == "sqlite" and (memory or sqlite_file(url).name == ":memory:"):
+        raise InvalidRequest(
+            f"{name} names an in-memory SQLite database: the job store must be a file "
+            "(it outlives the broker); use sqlite:///PATH",
+            field=name,
+        )
+    return text
+
+
+Interval = Annotated[float, _interval]
+"""Seconds a loop sleeps between passes, or a timeout: finite and > 0."""
+Seconds = Annotated[float, _finite_seconds]
+"""Seconds where 0 means "not at all": finite and >= 0."""
+Retention = Annotated[float, _seconds]
+"""How long something is kept: >= 0, ``inf`` forever."""
+Count = Annotated[int, _count]
+"""A size, capacity or whole-second lifetime: > 0."""
+Port = Annotated[int, _port]
+"""A TCP port, 1-65535."""
+
+_PARSERS: dict[object, Parse] = {
+    str: _text,
+    Path: _path,
+    str | None: _optional_text,
+    Path | None: _optional_path,
+    bool: _flag,
+    bool | None: _flag_or_auto,
+}
+"""The parser of each plain field type; an ``Annotated`` field's is its metadata."""
+_ENV_NAMES = {"catalog_path": "FIREPOOL_CATALOG"}
+"""Fields whose variable is not ``FIREPOOL_<FIELD>`` (documented before the rule)."""
+
+
+def env_name(field: str) -> str:
+    """The environment variable a ``Settings`` field is read from."""
+    return _ENV_NAMES.get(field, f"FIREPOOL_{field.upper()}")
+
+
+def parser_of(hint: object) -> Parse:
+    """The parser of a field whose (evaluated) type is ``hint``; KeyError for a type with none
+    (a new field needs one: ``tests/gateway/test_settings_env.py`` checks every field)."""
+    if get_origin(hint) is Annotated:
+        return get_args(hint)[1]
+    return _PARSERS[hint]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every knob of the broker process; each field is read from ``env_name(field)``
+    (``FIREPOOL_<FIELD>``) by ``from_env``, and its type says what it accepts."""
+
+    home: Path = Path(".firepool")
+    """State directory: job store, signing key, packages, local pods, logs (FIREPOOL_HOME)."""
+    host: str = "127.0.0.1"
+    """Address the HTTP API binds to (``--host`` wins over FIREPOOL_HOST)."""
+    port: Port = 8080
+    """Port the HTTP API binds to (``--port`` wins over FIREPOOL_PORT)."""
+    store_url: Annotated[str | None, _store_url] = None
+    """SQLAlchemy URL of the job store (FIREPOOL_STORE_URL); default: SQLite in ``home``."""
+    catalog_path: Path | None = None
+    """YAML pool catalog (FIREPOOL_CATALOG); default: one CPU pool."""
+    public_url: Annotated[str | None, _http_url] = None
+    """Base URL pods use to reach the gateway (signed package URLs); default http://host:port."""
+    token_ttl_s: Count = 30 * 86400
+    """Lifetime of tokens minted by ``firepool token``."""
+    token_cache_size: Count = 4096
+    """Validated tokens kept in memory (validation is skipped on a hit until the token expires)."""
+    sync_wait_s: Seconds = 60.0
+    """Longest a sync invoke waits before answering 202 with the job id (0: at once)."""
+    package_url_ttl_s: Count = 900
+    """Lifetime of the signed package URLs handed to pods."""
+    dispatch_tick_s: Interval = 3.0
+    """Fallback dispatcher tick; submit, release and pod-ready wake it immediately."""
+    reconcile_s: Interval = 5.0
+    """Scaler pass interval when nothing is queued (scale-down, floors, hold expiry)."""
+    pod_ready_timeout_s: Interval = 60.0
+    """A pod whose agent does not answer within this is deleted."""
+    sandbox: bool | None = None
+    """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
+    result_retention_s: Retention = 7 * 86400.0
+    """How long a finished job keeps its output and logs (FIREPOOL_RESULT_RETENTION_S); after
+    it the job answers ``Expired``."""
+    idempotency_retention_s: Retention = 86400.0
+    """How long an Idempotency-Key deduplicates (FIREPOOL_IDEMPOTENCY_RETENTION_S)."""
+    retention_sweep_s: Interval = 60.0
+    """How often outputs past the store's result retention are expired (and logs deleted)."""
+    gpu_sweep_s: Interval = 10.0
+    """How often each GPU's exclusivity is re-verified (standby promotion needs it)."""
+    lock_check_s: Interval = 30.0
+    """How often the broker makes sure its home's and store's locks are still its own
+    (``broker.exclusive.BrokerLocks.check``; FIREPOOL_LOCK_CHECK_S). The checks also keep
+    a MySQL lock's connection from idling out, so keep it well under the server's
+    ``wait_timeout``."""
+    drain_s: Seconds = 10.0
+    """On shutdown: stop intake, wait this long for running jobs, then cancel."""
+    max_body_bytes: Count = 512 * 1024 * 1024
+    """Largest package upload accepted (the paper's 512 MiB compressed cap)."""
+    max_json_bytes: Count = 16 * 1024 * 1024
+    """Largest JSON request body (an invoke's input included)."""
+    audience: str = "firepool"
+    """JWT ``aud`` required on every token."""
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{(self.home / 'jobs.db').resolve()}"
+
+    @property
+    def resolved_public_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Each field from its variable (``env_name``) checked by its parser (``parser_of``),
+        else its default; ``overrides`` that are not None (command-line flags) win over both.
+        ``home`` comes back absolute. ``InvalidRequest`` naming the first bad variable."""
+        env = os.environ
+        hints = get_type_hints(cls, include_extras=True)
+        values: dict[str, object] = {}
+        for spec in fields(cls):
+            name = env_name(spec.name)
+            if name in env:
+                values[spec.name] = parser_of(hints[spec.name])(name, env[name])
+        values.update((k, v) for k, v in overrides.items() if v is not None)
+        settings = cls(**values)  # type: ignore[arg-type]
+        return replace(settings, home=settings.home.resolve())
+
+
+def private_home(home: Path) -> None:
+    """Create the state directory owner-only (0700): it holds the signing key, the job store,
+    every package and log, and pod records. An existing one that others may enter is left as
+    the operator made it, with a warning (any local user could read the job store's inputs
+    and outputs and other callers' packages there)."""
+    try:
+        home.mkdir(mode=0o700, parents=True)
+    except FileExistsError:  # made before (or by another process just now): check it below
+        pass
+    else:
+        home.chmod(0o700)  # whatever the umask
+        return
+    mode = home.stat().st_mode
+    if mode & 0o077:
+        log.warning(
+            "the state directory %s is open to other users (mode %o): it holds the signing key, "
+            "the job store, packages and logs; chmod 700 it", home, mode & 0o777,
+        )  # fmt: skip

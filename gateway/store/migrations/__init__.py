@@ -1,1 +1,0 @@
-"""Alembic migrations of the job store, run programmatically by ``gateway.store.schema``."""

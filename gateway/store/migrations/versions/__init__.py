@@ -1,2 +1,0 @@
-"""Migration scripts, oldest first by revision chain. Never import ``gateway.store.tables`` here:
-a migration is frozen at the schema it was written for."""
