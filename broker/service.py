@@ -14,23 +14,26 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from broker import PROCESS_STARTED
-from broker.agent_client import AgentClient, AgentUnreachable
+from broker.agent_client import AgentClient
 from broker.dispatcher import Dispatcher
 from broker.exclusive import BrokerLocks
 from broker.executor import Executor
+from broker.job_logs import JobLogs
 from broker.jobs import Job
 from broker.keys import load_or_create_key
 from broker.lifecycle import LogArchive, PodRecycler
 from broker.package_check import check_package_file
-from broker.pods import IDLE_CHECK_S, PodManager
+from broker.pods import PodManager
+from broker.pool_report import pod_list, pool_report
 from broker.recovery import recover
 from broker.settings import Settings, private_home
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
+from broker.sweeps import Sweeps
 from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.package_store import LocalPackageStore, UrlSigner
 from functions.spec import FunctionSpec
@@ -39,6 +42,7 @@ from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.backends.local import LocalBackend, operator_home
 from pool_manager.catalog import Catalog
+from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
 from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
@@ -114,10 +118,8 @@ class Broker:
         self.store: JobStore | None = None
         self._dispatcher: Dispatcher | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._sweep_task: asyncio.Task[None] | None = None
-        self._gpu_task: asyncio.Task[None] | None = None
-        self._lock_task: asyncio.Task[None] | None = None
-        self._idle_task: asyncio.Task[None] | None = None
+        self._sweeps: Sweeps | None = None
+        self._logs: JobLogs | None = None
         self.ready = False
         self.accepting = True
         self.refusal = "the broker is shutting down"
@@ -183,14 +185,25 @@ class Broker:
             reconcile_s=self.settings.reconcile_s,
         )
         self.counters = self._dispatcher.counters
+        self._logs = JobLogs(
+            self._dispatcher, pods.endpoints, self.agents, recycler, self.logs, self.get_job
+        )
         await recover(self)
         t_recovered = time.monotonic()
-        loop = asyncio.get_running_loop()
-        self._loop_task = loop.create_task(self.dispatcher.run())
-        self._sweep_task = loop.create_task(self._retention_sweeps())
-        self._gpu_task = loop.create_task(self._gpu_sweeps())
-        self._lock_task = loop.create_task(self._lock_checks())
-        self._idle_task = loop.create_task(self._idle_pod_checks())
+        self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
+        self._sweeps = Sweeps(
+            self.settings,
+            self.locks,
+            self.store,
+            self.tracker,
+            pods,
+            self.backend,
+            self.logs,
+            self.clock,
+            wake=self._wake,
+            on_lock_lost=self._lock_lost,
+        )
+        self._sweeps.start()
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -201,66 +214,13 @@ class Broker:
             t_recovered - t_store,
         )
 
-    async def _lock_checks(self) -> None:
-        """Keep this broker's locks (``BrokerLocks.check``). If another broker took one while
-        it was lost, this one stops taking and dispatching jobs (fail closed: two dispatchers
-        on one store run jobs twice), says so at ERROR and in ``/readyz``, and waits for its
+    def _lock_lost(self, taken: str) -> None:
+        """Another broker took one of this broker's locks while it was lost: stop taking and
+        dispatching jobs, say why in ``/readyz`` and every refusal, and wait for the
         operator."""
-        while True:
-            await asyncio.sleep(self.settings.lock_check_s)
-            try:
-                taken = await asyncio.to_thread(self.locks.check)
-            except Exception:
-                log.exception("checking this broker's locks failed; trying again")
-                continue
-            if taken is not None:
-                log.error("stopping: %s", taken)
-                self.refusal = f"the broker stopped taking jobs: {taken}"
-                self.accepting = self.ready = False
-                self.dispatcher.halt()
-                return
-
-    async def _idle_pod_checks(self) -> None:
-        """Every ``IDLE_CHECK_S``, retire idle pods whose backend says they stopped
-        (``PodManager.retire_exited``): a pod that died while idle was handed to the next
-        job, which failed ``PodLost`` (adversarial run, 4 of 4)."""
-        while True:
-            await asyncio.sleep(IDLE_CHECK_S)
-            try:
-                await self.pods.retire_exited()
-            except Exception:
-                log.exception("checking idle pods failed; trying again")
-
-    async def _retention_sweeps(self) -> None:
-        """Expire outputs past the result retention, and delete their logs."""
-        while True:
-            await asyncio.sleep(self.settings.retention_sweep_s)
-            try:
-                while expired := await self.jobs.expire(self.clock()):
-                    for job_id in expired:
-                        self.logs.delete(job_id)
-                    if len(expired) < 1000:
-                        break
-            except Exception:
-                log.exception("retention sweep failed")
-
-    async def _gpu_sweeps(self) -> None:
-        """Re-verify each card's exclusivity (paper A.4): standby promotion stays off on a
-        card until a successful read says only our pods use it, and after every restart."""
-        while True:
-            gpus = sorted({p.gpu for p in self.tracker.pods() if p.gpu is not None})
-            if gpus:
-                try:
-                    verdicts = await self.backend.sweep(gpus)
-                except Exception:
-                    log.exception("GPU exclusivity sweep failed; nothing changes this tick")
-                    verdicts = {}
-                now = self.clock()
-                for gpu, exclusive in verdicts.items():
-                    self.tracker.mark_gpu_verified(gpu, exclusive, now)
-                if verdicts:
-                    self._wake()
-            await asyncio.sleep(self.settings.gpu_sweep_s)
+        self.refusal = f"the broker stopped taking jobs: {taken}"
+        self.accepting = self.ready = False
+        self.dispatcher.halt()
 
     def _wake(self) -> None:
         if self._dispatcher is not None:
@@ -277,10 +237,8 @@ class Broker:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for task in (self._sweep_task, self._gpu_task, self._lock_task, self._idle_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        if self._sweeps is not None:
+            await self._sweeps.stop()
         if self._dispatcher is not None:
             await self.recycler.drain()
             await self.pods.drain()
@@ -444,20 +402,6 @@ class Broker:
             self.dispatcher.enqueue(stored)
         return stored, created
 
-    async def live_log(self, job: Job, offset: int) -> bytes:
-        """Rank 0's log of the running attempt from byte ``offset``: the bytes the job wrote,
-        at the offsets the archive keeps them at; empty when it cannot be read (the attempt
-        just ended: the archive has it then)."""
-        pod = job.attempts[-1].pods[0] if job.attempts and job.attempts[-1].pods else None
-        endpoint = self.pods.endpoints.get(pod) if pod else None
-        if endpoint is None:
-            return b""
-        try:
-            chunk = await self.agents.logs(endpoint, job.attempts[-1].id, offset)
-        except AgentUnreachable:
-            return b""
-        return chunk.data if chunk else b""
-
     async def get_job(self, job_id: str) -> Job | None:
         """The job as callers see it: durable states only (a job whose RUNNING commit or
         outcome is being recorded reads as the store has it), the live copy while it is
@@ -469,6 +413,59 @@ class Broker:
         if live is not None:
             return live
         return await self.jobs.get_job(job_id)
+
+    async def wait(self, job_id: str, timeout_s: float) -> Job | None:
+        """The job once it has ended, or None if ``timeout_s`` passes first."""
+        return await self.dispatcher.wait(job_id, timeout_s)
+
+    async def cancel(self, job: Job) -> Job:
+        """Cancel ``job`` (queued: at once; running: its attempt is stopped)."""
+        return await self.dispatcher.cancel(job)
+
+    async def list_jobs(
+        self, caller: str | None, states: list[JobState] | None, limit: int
+    ) -> list[Job]:
+        """Summaries, newest first (``caller`` None: every caller's); outputs up to
+        ``max_json_bytes`` in all, the rest marked omitted."""
+        return await self.jobs.list_jobs(
+            caller=caller, states=states, limit=limit, output_budget=self.settings.max_json_bytes
+        )
+
+    async def list_functions(self) -> list[FunctionSpec]:
+        return await self.jobs.list_functions()
+
+    def read_log(self, job: Job, follow: bool) -> AsyncIterator[bytes]:
+        """The job's log from its start, live while it runs (``broker.job_logs``)."""
+        assert self._logs is not None, "broker not started"
+        return self._logs.stream(job, follow)
+
+    def pod_infos(self) -> list[PodInfo]:
+        """Every pod the tracker knows, as copies."""
+        return self.tracker.pods()
+
+    def queue_depth(self) -> int:
+        """Jobs waiting for pods."""
+        return len(self.dispatcher.queued())
+
+    def held_unit_seconds(self) -> dict[str, float]:
+        """Per accelerator, the GPU- or core-seconds its pools held so far."""
+        return self.ledger.held_unit_seconds()
+
+    def pool_report(self, with_pods: bool = False) -> dict[str, Any]:
+        """``GET /v1/pools``: pools, budgets and, ``with_pods``, every pod."""
+        pods = self.tracker.pods()
+        report = pool_report(
+            self.catalog,
+            pods,
+            self.dispatcher.queued(),
+            self.ledger,
+            self.pods.create_failures,
+            self.clock(),
+            asyncio.get_running_loop().time(),
+        )
+        if with_pods:
+            report["pod_list"] = pod_list(pods)
+        return report
 
 
 def request_digest(name: str, body: bytes) -> str:

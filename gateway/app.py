@@ -269,7 +269,7 @@ def function_view(spec: FunctionSpec, principal: Principal) -> dict[str, Any]:
 
 async def list_functions(request: Request) -> Response:
     principal = _principal(request)
-    specs = await _broker(request).jobs.list_functions()
+    specs = await _broker(request).list_functions()
     return JSONResponse({"functions": [function_view(s, principal) for s in specs]})
 
 
@@ -322,7 +322,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     job, _created = await broker.submit(principal.caller, name, body, key, digest)
     if sync and job.state not in TERMINAL_JOB_STATES:
         wait_s = broker.settings.sync_wait_s
-        done = await broker.dispatcher.wait(job.id, wait_s)
+        done = await broker.wait(job.id, wait_s)
         job = done or job
     if sync and job.state in TERMINAL_JOB_STATES:
         return JSONResponse(job.to_public(), status_code=200)
@@ -349,7 +349,7 @@ async def _visible_job(request: Request) -> tuple[Broker, Job]:
 async def job_route(request: Request) -> Response:
     broker, job = await _visible_job(request)
     if request.method == "DELETE":
-        job = await broker.dispatcher.cancel(job)
+        job = await broker.cancel(job)
     return JSONResponse(job.to_public())
 
 
@@ -371,14 +371,8 @@ async def list_jobs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer", field="limit") from None
     if not 1 <= limit <= MAX_LISTED:
         raise InvalidRequest(f"limit must be in [1, {MAX_LISTED}]", field="limit")
-    jobs = await broker.jobs.list_jobs(
-        caller=caller, states=states, limit=limit, output_budget=broker.settings.max_json_bytes
-    )
+    jobs = await broker.list_jobs(caller, states, limit)
     return JSONResponse({"jobs": [j.to_public() for j in jobs]})
-
-
-SETTLE_WAIT_S = 60.0
-"""Longest a log read waits for an ended job to be settled (its log archived)."""
 
 
 @queries("follow")
@@ -386,40 +380,8 @@ async def job_logs(request: Request) -> Response:
     """The job's log: live from rank 0's agent while it runs, from the archive afterwards
     (same byte offsets); ``?follow=1`` streams until the job ends."""
     broker, job = await _visible_job(request)
-    follow = query_switch(request, "follow")
-
-    async def chunks() -> AsyncIterator[bytes]:
-        offset, attempt_id = 0, None
-        while True:
-            live = broker.dispatcher.live.get(job.id)
-            if live is not None and live.state in TERMINAL_JOB_STATES:
-                # Ended but not yet settled (its outcome being recorded, its pods reset):
-                # its log is archived once it is, which ``logs_settled`` then waits for.
-                await broker.dispatcher.wait(job.id, SETTLE_WAIT_S)
-            current = await broker.get_job(job.id) or job
-            running = current.state is JobState.RUNNING and bool(current.attempts)
-            if running:
-                attempt = current.attempts[-1].id
-                if attempt_id is not None and attempt != attempt_id:
-                    # A retry: the new attempt's log starts again at its own offset 0, and
-                    # only the last attempt's log is archived (``LogArchive``).
-                    offset = 0
-                    yield f"[firepool] attempt {attempt} follows; its log:\n".encode()
-                attempt_id = attempt
-                data = await broker.live_log(current, offset)
-            else:
-                await broker.recycler.logs_settled(job.id)
-                data = await asyncio.to_thread(broker.logs.read, job.id, offset)
-            offset += len(data)  # live or archived, the same bytes at the same offsets
-            if data:
-                yield data
-                if follow or not running:  # chunks of 1 MiB: the archive's rest is there
-                    continue
-            if not follow or current.state in TERMINAL_JOB_STATES:
-                return
-            await asyncio.sleep(0.25)
-
-    return StreamingResponse(chunks(), media_type="application/octet-stream")  # any bytes
+    chunks = broker.read_log(job, follow=query_switch(request, "follow"))
+    return StreamingResponse(chunks, media_type="application/octet-stream")  # any bytes
 
 
 # -- operations -------------------------------------------------------------------------
@@ -427,70 +389,7 @@ async def job_logs(request: Request) -> Response:
 async def pools(request: Request) -> Response:
     broker = _broker(request)
     _principal(request, Role.ADMIN)
-    report = pool_report(broker)
-    if query_switch(request, "pods"):
-        report["pod_list"] = [
-            {
-                "name": p.name,
-                "sku": p.sku,
-                "state": str(p.state),
-                "role": p.role,
-                "gpu": p.gpu,
-                "owner": p.owner,
-                "tag": p.tag,
-                "queue": p.queue,
-                "job": p.job_id,
-                "created": p.created,
-                "released_at": p.released_at,
-                "hold_until": p.hold_until,
-            }
-            for p in broker.tracker.pods()
-        ]
-    return JSONResponse(report)
-
-
-def _failing(broker: Broker, sku: str) -> dict[str, Any] | None:
-    """The pool's pods failing to start in a row (``PodManager.create_failures``), or None."""
-    failing = broker.pods.create_failures.get(sku)
-    if failing is None:
-        return None
-    retry_in = failing.until - asyncio.get_running_loop().time()
-    return {"in_a_row": failing.count, "last_error": failing.last_error,
-            "next_create_in_s": round(max(0.0, retry_in), 3)}  # fmt: skip
-
-
-def pool_report(broker: Broker) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    queued: dict[str, int] = {}
-    for job in broker.dispatcher.queued():
-        queued[job.sku] = queued.get(job.sku, 0) + job.pods_needed
-    now = broker.clock()
-    for sku, pool in broker.catalog.pools.items():
-        pods = [p for p in broker.tracker.pods() if p.sku == sku]
-        by_state: dict[str, int] = {}
-        for p in pods:
-            key = f"{p.state}:{p.role}"
-            by_state[key] = by_state.get(key, 0) + 1
-        out[sku] = {
-            "accelerator": pool.accelerator,
-            "pods": by_state,
-            "held": sum(
-                1
-                for p in pods
-                if p.hold_until is not None and p.hold_until > now and str(p.state) == "IDLE"
-            ),
-            "queued": queued.get(sku, 0),
-            "floor": pool.min_count,
-            "ceiling": pool.max_count,
-            "idle_cap": pool.max_idle_count,
-            "failing": _failing(broker, sku),
-        }
-    held = broker.ledger.held_unit_seconds()
-    budgets = {
-        acc: {"used": used, "budget": cap, "held_unit_seconds": round(held.get(acc, 0.0), 3)}
-        for acc, (used, cap) in broker.ledger.view().items()
-    }
-    return {"pools": out, "budgets": budgets}
+    return JSONResponse(broker.pool_report(with_pods=query_switch(request, "pods")))
 
 
 @queries()

@@ -32,7 +32,7 @@ def render_metrics(broker: Broker) -> str:
             lines.append(_line("firepool_acquisitions_total", value, {"path": key[5:]}))
     lines += ["# HELP firepool_pods Pods by pool, state and role.", "# TYPE firepool_pods gauge"]
     counts: dict[tuple[str, str, str], int] = {}
-    for pod in broker.tracker.pods():
+    for pod in broker.pod_infos():
         labels = (pod.sku, str(pod.state), pod.role)
         counts[labels] = counts.get(labels, 0) + 1
     for (sku, state, role), n in sorted(counts.items()):
@@ -41,14 +41,14 @@ def render_metrics(broker: Broker) -> str:
         "# HELP firepool_queued_jobs Jobs waiting for pods.",
         "# TYPE firepool_queued_jobs gauge",
     ]
-    lines.append(_line("firepool_queued_jobs", len(broker.dispatcher.queued())))
+    lines.append(_line("firepool_queued_jobs", broker.queue_depth()))
     lines += [
         "# HELP firepool_held_unit_seconds_total GPU- or core-seconds the pools of each "
         "accelerator held: reserved at create until deleted (busy, idle, owner-held, starting, "
         "terminating); rate() of it is the capacity held.",
         "# TYPE firepool_held_unit_seconds_total counter",
     ]
-    for acc, held in sorted(broker.ledger.held_unit_seconds().items()):
+    for acc, held in sorted(broker.held_unit_seconds().items()):
         lines.append(
             _line("firepool_held_unit_seconds_total", round(held, 3), {"accelerator": acc})
         )
