@@ -1,9 +1,9 @@
 """One broker per state directory and per job store.
 
-Two brokers on one ``FIREPOOL_HOME`` each rebuilt the pool from the same pod records and
-handed pods one caller had used to another (owner holds live in each broker's memory), and
-scaled past the ceiling together; two brokers with their own homes on one MySQL store each
-re-queued the other's running jobs at start and ran them again (adversarial run). So a broker
+Two brokers on one ``FIREPOOL_HOME`` would each rebuild the pool from the same pod records,
+hand pods one caller had used to another (owner holds live in each broker's memory), and
+scale past the ceiling together; two brokers with their own homes on one MySQL store would
+each re-queue the other's running jobs at start and run them again. So a broker
 holds, for as long as it runs:
 
 * an exclusive ``flock`` on ``<home>/broker.lock`` (released by the kernel when the process
@@ -170,7 +170,7 @@ class BrokerLocks:
         self._engine = create_engine(url, poolclass=NullPool)
         self._conn = self._engine.connect()
         # The schema the connection is in, not the URL's text: ``/?database=x`` names the
-        # same schema as ``/x`` and took another lock (adversarial run).
+        # same schema as ``/x`` and would otherwise take another lock.
         schema = str(self._conn.execute(text("SELECT DATABASE()")).scalar() or "")
         name = f"firepool-broker:{schema}"
         if len(name) > LOCK_NAME_MAX:

@@ -36,15 +36,15 @@ IDLE_CHECK_S = 2.0
 RETIRE_ANNOTATION = "firepool/retire-after"
 """Set on a pod before a job runs on it that the pod must not outlive (a single-use job, or
 one that recycled another session's pod): a broker restarted meanwhile retires the pod
-after that job, or at once if the job has ended (``broker.recovery.restored_pod``). Before,
-a restart forgot it and the pod served its caller again as warm (adversarial run, 4 of 4)."""
+after that job, or at once if the job has ended (``broker.recovery.restored_pod``). Without
+it a restart would forget the retirement and the pod would serve its caller again as warm."""
 CREATE_BACKOFF_MIN_S = 1.0
 CREATE_BACKOFF_MAX_S = 60.0
 """A pool whose pods fail to start (the backend refuses the create, or the pod stops or never
 answers before it is ready) gets no new create for 1 s after the first failure, doubling to
 60 s; the first pod of the pool that becomes ready ends it. (Without it a create the backend
-always refuses, a GPU pool on a host without that GPU, was retried in a tight loop: 11,000 to
-16,000 log lines in 10 s and half a core, adversarial run.)"""
+always refuses, a GPU pool on a host without that GPU, would be retried in a tight loop:
+11,000 to 16,000 log lines in 10 s and half a core.)"""
 
 
 class CreateFailures:

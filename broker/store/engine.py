@@ -55,8 +55,8 @@ def sqlite_file(url: str | URL) -> Path:
 
 def _private_file(path: Path) -> None:
     """Create the store's file owner-only (0600, in a new 0700 folder) if it does not exist:
-    SQLite made it 0644, so a store outside the 0700 home let any local user read every job's
-    input and output (new-user run). SQLite gives its ``-wal`` and ``-shm`` files the same
+    SQLite would make it 0644, so a store outside the 0700 home would let any local user read
+    every job's input and output. SQLite gives its ``-wal`` and ``-shm`` files the same
     mode. An existing file is left as its owner made it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):

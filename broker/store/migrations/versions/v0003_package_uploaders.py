@@ -1,9 +1,9 @@
 """Package uploaders: a package's bytes are usable only by the callers who uploaded them.
 
-Before, any deployer could register a function on any stored digest (another caller's code,
-never uploaded by them) and learn by ``HEAD`` that a digest was stored. Existing functions'
-owners are recorded as uploaders of their packages and requirements files, so nobody loses a
-package they registered before.
+Without this table any deployer could register a function on any stored digest (another
+caller's code, never uploaded by them) and learn by ``HEAD`` that a digest was stored.
+Existing functions' owners are recorded as uploaders of their packages and requirements files,
+so nobody loses a package they registered before.
 
 Revision ID: 0003
 Revises: 0002
