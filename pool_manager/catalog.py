@@ -27,8 +27,8 @@ from functions.errors import FirepoolError, InvalidRequest, UnknownField
 
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 """Pool (sku) and accelerator names: a function's ``sku`` takes the same form, and the name
-becomes part of pod names, cgroup paths and metric labels (``zz/../../x`` put a pool's
-cgroups outside the broker's tree: adversarial run)."""
+becomes part of pod names, cgroup paths and metric labels (``zz/../../x`` would put a pool's
+cgroups outside the broker's tree)."""
 MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 """A dotted module name, as ``preload`` takes them."""
 
@@ -203,7 +203,7 @@ class Catalog:
         """Raises ``InvalidRequest`` for a pool that can never place a pod: one pod of it is
         more than its accelerator's budget, or the other pools' floors on that budget keep
         every unit it would need (the floors are never reclaimed, so its jobs would queue
-        forever beside idle floor pods: adversarial run)."""
+        forever beside idle floor pods)."""
         for sku, pool in self.pools.items():
             budget = self.budgets.get(pool.accelerator)
             if budget is None:

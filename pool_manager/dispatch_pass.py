@@ -64,10 +64,10 @@ def dispatch_pass(
     # A job that missed for want of pods is not overtaken in its pool by jobs of lower
     # priority, and a gang that missed by any job: those behind it neither claim nor count as
     # demand until it is placed, so pods that come free gather for it and the scaler plans
-    # (and breaks holds) for it alone. Before, a priority-100 job waited 10.9 s while a
-    # priority-0 backlog ran on warm pods whose holds were spared for it, and a priority-100
-    # gang waited out a whole 40 s stream of 1-pod jobs (adversarial run, 4 of 4 each). Jobs
-    # of equal priority still pass a one-pod miss: another caller's warm pod is no use to it.
+    # (and breaks holds) for it alone. Otherwise a priority-100 job would wait (10.9 s) while
+    # a priority-0 backlog runs on warm pods whose holds are spared for it, and a priority-100
+    # gang would wait out a whole 40 s stream of 1-pod jobs. Jobs of equal priority still
+    # pass a one-pod miss: another caller's warm pod is no use to it.
     missed_at: dict[str, float] = {}  # SKU -> jobs below this priority wait (inf: a gang)
     behind: list[ClaimRequest] = []
     for req in queued:
@@ -91,8 +91,8 @@ def dispatch_pass(
             elif req.sku not in missed_at:  # the queue is in priority order: the highest
                 missed_at[req.sku] = req.priority
     # A caller's jobs count as demand only as far as its own limits would let them run: as
-    # demand past them they made the scaler break other callers' holds and start pods the
-    # caller could not use (adversarial run, 4 of 4).
+    # demand past them they would make the scaler break other callers' holds and start pods
+    # the caller could not use.
     demand = waiting
     if behind:
         later = set(map(id, behind))

@@ -259,7 +259,8 @@ def plan(
         if blocked and view.held_pods:
             # Spared: owners with queued jobs this pod could serve (``owners``: reusable jobs
             # on this pool). A single-use job, or one on another pool, never reuses it, so
-            # its owner's hold is broken like any other (it used to wait the hold out).
+            # its owner's hold is broken like any other (sparing it would make the job wait
+            # the hold out for nothing).
             tenure = spec.hold_min_tenure_s
             breakable = [
                 h for h in view.held_pods if now - h.created >= tenure and h.owner not in owners
