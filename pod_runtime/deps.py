@@ -162,7 +162,7 @@ class Dependencies:
         if code != 0:
             tail = output[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
             raise DependencyInstallFailed(f"install exited with code {code}: {tail}")
-        self._clear_markers()  # the install's own code may have planted some (adversarial run)
+        self._clear_markers()  # the install's own code may have planted some
         self.marker(ref.digest).touch()
         return self.site
 

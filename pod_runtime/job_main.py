@@ -121,15 +121,15 @@ REFUSED_SYSCALLS = (
 """What a job may not do, by a seccomp filter (Docker's default profile refuses the same):
 
 * the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): a keyring is per uid, not
-  per pod, so a key one caller's job stored was another caller's to read on any pod of the
-  same uid, and outlived the pod (adversarial run);
+  per pod, so a key one caller's job stored would be another caller's to read on any pod of
+  the same uid, and would outlive the pod;
 * POSIX message queues (``mq_open``): they live in the pod's IPC namespace, which a reset
-  cannot list (no mqueue filesystem is mounted there), so a queue and its messages reached
-  the next session's job (adversarial run, 3 of 3);
+  cannot list (no mqueue filesystem is mounted there), so a queue and its messages would
+  reach the next session's job;
 * new user namespaces (``unshare``, ``clone`` with ``CLONE_NEWUSER``; ``clone3``, whose flags
   a filter cannot read, answers ``ENOSYS`` so that libc falls back to ``clone``): in one a job
-  mounted a tmpfs past its pool's ``tmpfs_mb`` (adversarial run), and they are kernel attack
-  surface no job needs."""
+  could mount a tmpfs past its pool's ``tmpfs_mb``, and they are kernel attack surface no job
+  needs."""
 
 CLONE_NEWUSER = 0x10000000
 
@@ -272,8 +272,8 @@ def _call_entrypoint(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def holds_non_finite(output: Any) -> bool:
     """Whether ``output`` holds a NaN or an infinity anywhere (numpy's too). orjson writes each
-    as ``null``: a function returning ``{"loss": nan}`` SUCCEEDED with ``{"loss": None}``,
-    where every other value JSON cannot carry fails the job (adversarial run)."""
+    as ``null``: a function returning ``{"loss": nan}`` would succeed with ``{"loss": None}``,
+    where every other value JSON cannot carry fails the job."""
     stack = [output]
     while stack:
         value = stack.pop()

@@ -133,8 +133,8 @@ def exec_job(cfg: dict[str, Any], cfg_path: Path, python: str, reaper: Reaper) -
     A job that drops to another uid (``cfg["job_uid"]``) starts under the agent's own
     environment, and ``job_main`` applies the job's after the drop, as a forked job does:
     the interpreter starts as root, and the job's variables would act on that start
-    (``PYTHONWARNINGS`` importing a module that runs ``$BROWSER``: the job's command ran as
-    root with the agent's capabilities; adversarial run)."""
+    (``PYTHONWARNINGS`` importing a module that runs ``$BROWSER``: the job's command would
+    run as root with the agent's capabilities)."""
     cfg_path.write_bytes(orjson.dumps(cfg))
     argv = [python, "-P", "-m", "pod_runtime.job_main", str(cfg_path)]
     env = cfg["env"]
