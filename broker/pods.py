@@ -163,8 +163,8 @@ class PodManager:
 
     async def wait_ready(self, name: str, endpoint: str) -> bool:
         """Probe the agent until it answers (``ready_probe_delay`` apart), the pod is being
-        deleted, its backend reports it stopped (checked every ``EXITED_CHECK_S``: a pod
-        killed while it started was waited for until the timeout), or ``ready_timeout_s``
+        deleted, its backend reports it stopped (checked every ``EXITED_CHECK_S``, or a pod
+        killed while it starts would be waited for until the timeout), or ``ready_timeout_s``
         has passed."""
         loop = asyncio.get_running_loop()
         start = loop.time()

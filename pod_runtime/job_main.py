@@ -172,7 +172,7 @@ class _Program(ctypes.Structure):
 
 class _SyscallSeal:
     """What ``refuse_syscalls`` needs, made once at import (in the zygote, before any fork): in
-    a freshly forked job, loading libc, building the program and the first foreign call took
+    a freshly forked job, loading libc, building the program and the first foreign call take
     ~1.8 ms; the two ``prctl`` calls alone take microseconds."""
 
     def __init__(self) -> None:

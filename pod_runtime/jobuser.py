@@ -57,7 +57,7 @@ def hand_over_tree(top: Path, uid: int) -> None:
 
 def take_back(top: Path) -> None:
     """Make ``top`` and everything under it root's again and writable by root alone (group
-    and other write bits cleared: an install had left its tree 0777 and its files 0666 for
+    and other write bits cleared: an install can leave its tree 0777 and its files 0666 for
     every later job to rewrite), never following a symlink (a swap raced into the walk
     could only give root more files, nothing to ``uid``)."""
     _chown_tree(top, 0, seal=True)
