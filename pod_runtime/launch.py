@@ -19,8 +19,8 @@ cgroup v2 is writable here the argv is prefixed with a ``sh`` step that moves th
 pods' hidden under an empty ``firepool``): the agent then makes one child cgroup per job, and
 deleting the pod can ``cgroup.kill`` the whole pod at once.
 
-Without a working ``bwrap`` (missing, or the probe fails) the plain agent runs, with one
-warning; ``sandbox=True`` makes that an error instead.
+Without a working ``bwrap`` (missing, or the probe fails) the plain agent runs, as a process of
+the launcher's user, with one warning; ``sandbox=True`` makes that an error instead.
 """
 
 from __future__ import annotations
@@ -69,16 +69,16 @@ def sandbox_status() -> tuple[bool, str]:
     """Whether pods can be sandboxed here, and why (or why not). Probed once per process."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return False, "bubblewrap (bwrap) is not installed: pods run as plain processes"
+        return False, "bubblewrap (bwrap) is not installed"
     try:
         probe = subprocess.run(
             [bwrap, *PROBE_ARGS, "true"], capture_output=True, timeout=10, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap probe failed ({exc!r}): pods run as plain processes"
+        return False, f"the bwrap probe failed: {exc!r}"
     if probe.returncode != 0:
         err = probe.stderr.decode(errors="replace").strip()
-        return False, f"bwrap probe failed ({err}): pods run as plain processes"
+        return False, f"the bwrap probe failed: {err}"
     return True, f"{bwrap}: pid, mount and ipc namespaces, read-only root, private /tmp+/dev/shm"
 
 
@@ -370,7 +370,7 @@ def agent_command(
             raise RuntimeError(why)
         if not ok and not _warned:
             _warned = True
-            log.warning("pods are not sandboxed: %s", why)
+            log.warning("pods are not sandboxed (%s): they run as plain processes", why)
         use_sandbox = ok
     pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
     argv = agent

@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from pod_runtime.launch import sandbox_status
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
@@ -31,6 +32,7 @@ __all__ = [
     "agent_pid",
     "cancel_with_agent_stopped",
     "deploy_examples",
+    "require_sandbox",
     "scratch_database",
 ]
 
@@ -81,6 +83,35 @@ def mysql_url(mysql_server_url: str) -> Iterator[str]:
     """A fresh, empty database on the test server, dropped afterwards."""
     with scratch_database(mysql_server_url) as url:
         yield url
+
+
+# -- bubblewrap: the sandbox tests skip with the reason where pods cannot be sandboxed (bwrap
+# missing, or its probe fails); with FIREPOOL_REQUIRE_SANDBOX=1 (CI) they fail instead. There,
+# the brokers the tests start opt in to unsandboxed pods (FIREPOOL_ALLOW_UNSANDBOXED=1: every
+# caller of a test broker is the test itself), unless a test says otherwise.
+REQUIRE_SANDBOX_ENV = "FIREPOOL_REQUIRE_SANDBOX"
+ALLOW_UNSANDBOXED_ENV = "FIREPOOL_ALLOW_UNSANDBOXED"
+
+
+def require_sandbox() -> None:
+    """Skip the calling test, with the reason, where pods cannot be sandboxed; fail it
+    instead under ``FIREPOOL_REQUIRE_SANDBOX=1``."""
+    ok, why = sandbox_status()
+    if ok:
+        return
+    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
+        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but pods cannot be sandboxed here: {why}")
+    pytest.skip(f"pods cannot be sandboxed here: {why}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def unsandboxed_test_brokers() -> Iterator[None]:
+    """Where pods cannot be sandboxed (and CI does not require it), the test brokers opt in
+    to unsandboxed pods, as ``make run``'s single-user demo does."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not sandbox_status()[0] and os.environ.get(REQUIRE_SANDBOX_ENV) != "1":
+            patch.setenv(ALLOW_UNSANDBOXED_ENV, os.environ.get(ALLOW_UNSANDBOXED_ENV, "1"))
+        yield
 
 
 def agent_pid(pod: str) -> int:

@@ -25,15 +25,12 @@ from broker.settings import private_home
 from functions.sdk import Client
 from gateway.auth import Role, load_or_create_key
 from gateway.harness import BrokerServer, kill_pods, start_broker
-from pod_runtime.launch import sandbox_status
-from tests.conftest import BEHAVIOURS
+from tests.conftest import BEHAVIOURS, require_sandbox
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BrokerServer]:
-    sandboxed, why = sandbox_status()
-    if not sandboxed:
-        pytest.skip(f"pods are not sandboxed here: {why}")
+    require_sandbox()
     # Not under /tmp, which every sandbox replaces anyway. The layout of a checkout in the
     # broker user's home run with the default state directory: $HOME/proj/.firepool, with
     # the checkout on the broker's sys.path (PYTHONPATH here), so the sandbox binds it back

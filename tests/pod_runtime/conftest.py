@@ -20,6 +20,7 @@ import pytest
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command
 from pod_runtime.localpod import UnixHTTPConnection
+from tests.conftest import require_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,10 @@ class AgentProcess:
         network: bool = True,
         drop_jobs: bool = True,
     ) -> None:
+        """``sandbox``: under bubblewrap (the test skips where there is none, or fails under
+        ``FIREPOOL_REQUIRE_SANDBOX=1``: ``require_sandbox``)."""
+        if sandbox:
+            require_sandbox()
         self.pod_dir = pod_dir
         self.socket = pod_dir / "agent.sock"
         self.name = f"{pod_dir.name}-{uuid.uuid4().hex[:8]}"

@@ -16,7 +16,7 @@ import pytest
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env, filter_user_env
-from pod_runtime.launch import sandbox_status
+from tests.conftest import require_sandbox
 from tests.pod_runtime.conftest import AgentProcess, make_zip
 
 PROBE = """
@@ -139,7 +139,8 @@ def test_a_sandboxed_install_runs_as_the_jobs_uid_and_is_roots_once_done(
 ) -> None:
     """The install's build code is the user's: it ran as root beside the agent, and what it
     installed stayed writable to every later job of the pod (the caller's next session)."""
-    if not sandbox_status()[0] or os.geteuid() != 0:
+    require_sandbox()
+    if os.geteuid() != 0:
         pytest.skip("jobs change uid only in a sandbox started as root")
     agent = agent_factory(name="deps-uid", sandbox=True)
     given = agent.pod_dir / "given"  # the sandbox's /tmp is its own: files in the pod dir

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pod_runtime.launch import _runtime_paths, sandbox_status
+from pod_runtime.launch import _runtime_paths
 from pod_runtime.proctree import JobScope
 from pod_runtime.reset import Resetter
 from pod_runtime.settings import PodLayout
+from tests.conftest import require_sandbox
 from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
 
 ESCAPE = r"""
@@ -229,12 +230,14 @@ KEYRING_NUMBERS = {"x86_64": (248, 250, 240, 272), "aarch64": (217, 219, 180, 97
 def test_a_sandboxed_job_changes_no_kernel_setting_and_reaches_no_keyring_queue_or_userns(
     agent_factory: Callable[..., AgentProcess], drop_jobs: bool
 ) -> None:
-    """A job, even one kept at the agent's uid 0, wrote host-wide sysctls through its fresh
-    /proc (``kernel/core_pattern`` ran its own script as root on the host), and stored and
-    read keys in a keyring every pod of its uid shared, for good (adversarial run)."""
+    """Unsealed, a job (even one kept at the agent's uid 0) could write host-wide sysctls
+    through its fresh /proc (``kernel/core_pattern`` runs a script as root on the host), and
+    store and read keys in a keyring every pod of its uid shares, for good."""
+    require_sandbox()
     numbers = KEYRING_NUMBERS.get(platform.machine())
-    if not sandbox_status()[0] or numbers is None:
-        pytest.skip("needs bubblewrap, on x86_64 or aarch64")
+    if numbers is None:
+        pytest.skip(f"the system call numbers are known for x86_64 and aarch64, not here: "
+                    f"{platform.machine()}")  # fmt: skip
     agent = agent_factory(name="kernel", sandbox=True, drop_jobs=drop_jobs)
     url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
     pkg = {"url": url, "digest": digest}
@@ -271,10 +274,11 @@ def test_system_v_ipc_objects_do_not_survive_a_sandboxed_reset(
 def test_a_fresh_interpreter_job_gets_its_environment_only_once_it_dropped_its_uid(
     agent_factory: Callable[..., AgentProcess],
 ) -> None:
-    """With the zygote off, the job's interpreter started as root with the job's environment:
-    ``PYTHONWARNINGS`` imported ``antigravity``, which ran ``$BROWSER`` as root with the
-    agent's capabilities (adversarial run, 4 of 4)."""
-    if not sandbox_status()[0] or os.geteuid() != 0:
+    """With the zygote off, an interpreter started as root with the job's environment would
+    let ``PYTHONWARNINGS`` import ``antigravity``, which runs ``$BROWSER`` as root with the
+    agent's capabilities."""
+    require_sandbox()
+    if os.geteuid() != 0:
         pytest.skip("jobs change uid only in a sandbox started as root")
     agent = agent_factory("--no-zygote", name="execroot", sandbox=True)
     url, digest = make_zip(agent.pod_dir / "escape.zip", {"escape.py": ESCAPE})
