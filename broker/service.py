@@ -35,8 +35,8 @@ from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
 from functions.errors import Forbidden, InvalidRequest, NotFound
-from functions.package_store import LocalPackageStore, UrlSigner
 from functions.spec import FunctionSpec
+from functions.stores import PackageStore, UrlSigner, local_file, open_package_store
 from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.gpus import GpuInventory
@@ -93,11 +93,12 @@ class Broker:
         key = load_or_create_key(home / "signing.key")
         self.signing_key = key
         """Signs callers' tokens (the gateway's ``Authenticator`` checks them with it)."""
-        self.packages = LocalPackageStore(
-            home / "packages",
-            UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
-            settings.resolved_public_url,
-            settings.package_url_ttl_s,
+        self.packages: PackageStore = open_package_store(
+            settings.package_store,
+            root=home / "packages",
+            signer=UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
+            base_url=settings.resolved_public_url,
+            ttl_s=settings.package_url_ttl_s,
         )
         self.backend: PodBackend = backend or LocalBackend(
             home / "pods",
@@ -299,7 +300,7 @@ class Broker:
             raise InvalidRequest(
                 "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
             )
-        await asyncio.to_thread(check_package_file, self.packages.path(spec.package_digest))
+        await asyncio.to_thread(self._check_package, spec.package_digest)
         if spec.requirements_digest and not await self.may_use_package(
             spec.requirements_digest, spec.owner, as_admin
         ):
@@ -318,9 +319,15 @@ class Broker:
         """Whether the package ``digest`` is stored and ``caller`` may register functions on
         it: an admin, or a caller who uploaded its bytes (``JobStore.uploaded_by``). Every
         other caller is told it is not there (no existence oracle)."""
-        if not self.packages.exists(digest):
+        if not await asyncio.to_thread(self.packages.exists, digest):
             return False
         return as_admin or await self.jobs.uploaded_by(digest, caller)
+
+    def _check_package(self, digest: str) -> None:
+        """``PackageRejected`` unless the stored package is a zip the pod's agent will
+        extract (``check_package_file``, on the store's own file where it keeps one)."""
+        with local_file(self.packages, digest) as path:
+            check_package_file(path)
 
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an

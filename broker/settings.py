@@ -20,6 +20,7 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from functions.errors import InvalidRequest
+from functions.stores import PACKAGE_STORES
 
 log = logging.getLogger("firepool.broker")
 
@@ -180,6 +181,13 @@ def _store_url(name: str, text: str) -> str | None:
     return text
 
 
+def _package_store(name: str, text: str) -> str:
+    """One of the stores ``functions.stores.open_package_store`` builds."""
+    if text not in PACKAGE_STORES:
+        raise _refuse(name, f"one of {', '.join(PACKAGE_STORES)}", text)
+    return text
+
+
 Interval = Annotated[float, _interval]
 """Seconds a loop sleeps between passes, or a timeout: finite and > 0."""
 Seconds = Annotated[float, _finite_seconds]
@@ -242,6 +250,10 @@ class Settings:
     """Longest a sync invoke waits before answering 202 with the job id (0: at once)."""
     package_url_ttl_s: Count = 900
     """Lifetime of the signed package URLs handed to pods."""
+    package_store: Annotated[str, _package_store] = "local"
+    """Where uploaded packages are kept (FIREPOOL_PACKAGE_STORE): ``local``, files under
+    ``home/packages``; ``memory``, this process's memory, lost when it stops (fast tests,
+    demos). Pods fetch either through the broker's signed ``/v1/blobs`` URLs."""
     dispatch_tick_s: Interval = 3.0
     """Fallback dispatcher tick; submit, release and pod-ready wake it immediately."""
     reconcile_s: Interval = 5.0

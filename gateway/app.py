@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import io
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, BinaryIO
 
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
@@ -198,10 +199,10 @@ async def put_package(request: Request) -> Response:
         return Response(status_code=200 if usable else 404)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
     check = check_package_file if is_zip else None
-    with broker.packages.upload() as upload:  # streamed to disk: one chunk in memory
+    with broker.packages.upload(digest) as upload:  # streamed: one chunk in memory
         async for chunk in body_chunks(request, broker.settings.max_body_bytes):
             upload.write(chunk)
-        created = await asyncio.to_thread(upload.commit, digest, check)
+        created = await asyncio.to_thread(upload.commit, check)
     await broker.jobs.put_package(digest, upload.size, principal.caller)
     return JSONResponse(
         {"digest": digest, "size": upload.size, "created": created},
@@ -218,11 +219,24 @@ async def get_blob(request: Request) -> Response:
         expires = int(request.query_params.get("exp", ""))
     except ValueError:
         raise InvalidRequest("missing or bad exp", field="exp") from None
-    broker.packages.signer.verify(digest, expires, request.query_params.get("sig", ""), time.time())
-    path = broker.packages.path(digest)
-    if not path.is_file():
-        raise NotFound(f"no package {digest}")
-    return FileResponse(path, media_type="application/zip")
+    store = broker.packages
+    store.check_url(digest, expires, request.query_params.get("sig", ""), time.time())
+    path = store.local_path(digest)
+    if path is not None:  # sent from the file itself
+        return FileResponse(path, media_type="application/zip")
+    blob = await asyncio.to_thread(store.open, digest)  # NotFound when not stored
+    size = blob.seek(0, io.SEEK_END)
+    blob.seek(0)
+    return StreamingResponse(
+        _read_chunks(blob), media_type="application/zip", headers={"Content-Length": str(size)}
+    )
+
+
+def _read_chunks(blob: BinaryIO) -> Iterator[bytes]:
+    """``blob`` in 64 KiB pieces, closed at the end (Starlette reads them in a thread)."""
+    with blob:
+        while chunk := blob.read(1 << 16):
+            yield chunk
 
 
 # -- functions --------------------------------------------------------------------------

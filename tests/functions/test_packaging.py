@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 import tracemalloc
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from pathlib import Path
 
@@ -16,8 +13,8 @@ import pytest
 
 from functions import packaging
 from functions.errors import Expired, Forbidden, PackageRejected
-from functions.package_store import LocalPackageStore, UrlSigner
 from functions.packaging import build_package, package_digest
+from functions.stores import UrlSigner
 
 MiB = 1024 * 1024
 
@@ -137,36 +134,6 @@ def test_a_colon_in_a_file_name_is_packaged(tmp_path: Path) -> None:
     (root / "a:b.txt").write_text("x")
     with zipfile.ZipFile(BytesIO(build_package(root))) as zf:
         assert zf.namelist() == ["a:b.txt"]
-
-
-def test_the_store_checks_the_digest_and_dedupes(tmp_path: Path) -> None:
-    store = LocalPackageStore(tmp_path / "s", UrlSigner(b"k" * 32), "http://x")
-    data = b"payload"
-    digest = hashlib.sha256(data).hexdigest()
-    with pytest.raises(PackageRejected):
-        store.put(hashlib.sha256(b"other").hexdigest(), data)
-    assert store.put(digest, data) is True
-    assert store.put(digest, data) is False
-    assert store.read(digest) == data
-    assert list((tmp_path / "s").rglob(".upload-*")) == []
-
-
-def test_of_concurrent_uploads_of_one_digest_exactly_one_created_it(tmp_path: Path) -> None:
-    """Both writers pass the existence check before either publishes (the barrier in
-    ``check`` holds them there); only one may be told it created the package."""
-    store = LocalPackageStore(tmp_path / "s", UrlSigner(b"k" * 32), "http://x")
-    data = b"payload"
-    digest = hashlib.sha256(data).hexdigest()
-    both_written = threading.Barrier(2, timeout=10)
-
-    def wait_for_the_other(_: Path) -> None:
-        both_written.wait()
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda _: store.put(digest, data, wait_for_the_other), range(2)))
-    assert sorted(results) == [False, True]
-    assert store.read(digest) == data
-    assert list((tmp_path / "s").rglob(".upload-*")) == []
 
 
 def test_signed_urls_expire_and_reject_tampering() -> None:

@@ -39,6 +39,7 @@ SAMPLES = {
     "token_cache_size": ("16", 16),
     "sync_wait_s": ("0", 0.0),
     "package_url_ttl_s": ("120", 120),
+    "package_store": ("memory", "memory"),
     "dispatch_tick_s": ("0.5", 0.5),
     "reconcile_s": ("2", 2.0),
     "pod_ready_timeout_s": ("90", 90.0),
