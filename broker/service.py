@@ -39,8 +39,7 @@ from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, local_file, open_package_store
 from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
 from pool_manager.backends.base import PodBackend
-from pool_manager.backends.gpus import GpuInventory
-from pool_manager.backends.local import LocalBackend, operator_home
+from pool_manager.backends.factory import make_backend
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
@@ -100,11 +99,13 @@ class Broker:
             base_url=settings.resolved_public_url,
             ttl_s=settings.package_url_ttl_s,
         )
-        self.backend: PodBackend = backend or LocalBackend(
-            home / "pods",
+        self.backend: PodBackend = backend or make_backend(
+            settings.backend,
+            root=home / "pods",
+            open_package=self.packages.open,
             sandbox=settings.sandbox,
-            gpus=GpuInventory(self.catalog.gpus),
-            private=[home, *operator_home()],  # its keys, job store, packages, logs
+            gpus=self.catalog.gpus,
+            private=[home],  # its keys, job store, packages, logs
         )
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from functions.errors import InvalidRequest
 from functions.stores import PACKAGE_STORES
+from pool_manager.backends.factory import BACKEND_KINDS
 
 log = logging.getLogger("firepool.broker")
 
@@ -188,6 +189,13 @@ def _package_store(name: str, text: str) -> str:
     return text
 
 
+def _backend(name: str, text: str) -> str:
+    """One of the pod backends ``pool_manager.backends.factory.make_backend`` builds."""
+    if text not in BACKEND_KINDS:
+        raise _refuse(name, f"one of {', '.join(BACKEND_KINDS)}", text)
+    return text
+
+
 Interval = Annotated[float, _interval]
 """Seconds a loop sleeps between passes, or a timeout: finite and > 0."""
 Seconds = Annotated[float, _finite_seconds]
@@ -260,6 +268,11 @@ class Settings:
     """Scaler pass interval when nothing is queued (scale-down, floors, hold expiry)."""
     pod_ready_timeout_s: Interval = 60.0
     """A pod whose agent does not answer within this is deleted."""
+    backend: Annotated[str, _backend] = "local"
+    """What pods are (FIREPOOL_BACKEND): ``local``, a ``pod_runtime`` agent process per pod on
+    this machine; ``fake``, in-memory pods that run attempts inside the broker's process, with
+    no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what it does not
+    emulate)."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
     result_retention_s: Retention = 7 * 86400.0

@@ -1,12 +1,20 @@
-"""The pod backend contract, shared by every implementation (local processes, Kubernetes).
+"""The pod backend contract, shared by every implementation (local processes, the in-process
+fake, Kubernetes). ``tests/backends/test_backend_contract.py`` holds every implementation to it.
 
 Guarantees every backend gives:
-- pod names are unique for the backend's lifetime (the caller picks them; ``create`` refuses a
+- pod names are unique within the backend's state (the caller picks them; ``create`` refuses a
   name that exists);
-- ``list`` is eventually consistent: a pod created or deleted may appear or vanish a moment late;
-- errors are returned as data where the caller must decide (``create`` returns a failure reason
-  rather than raising for capacity problems); programming errors raise;
-- a pod outlives the broker process, and its labels/annotations survive a broker restart.
+- ``list`` is eventually consistent: a pod created or deleted may appear or vanish a moment
+  late (the local and fake backends are exact);
+- a failure the caller must decide about is a typed error: ``create`` raises ``CreateFailed``
+  when the pod cannot be made now, and no pod of that name exists afterwards; a programming
+  error (a name in use, a standby without its card) raises ``ValueError``;
+- a pod outlives the backend object and the broker process; a new backend object over the same
+  state (what "same state" is, each implementation's docstring says) lists the pods an earlier
+  one made, with their labels and annotations, so a restarted broker can rebuild its view.
+
+Readiness is not the backend's business: a created pod is ready once its agent answers
+``GET /healthz`` with 200 at the endpoint ``create`` returned (docs/architecture.md §1).
 """
 
 from __future__ import annotations
@@ -18,6 +26,11 @@ from typing import Protocol
 from pool_manager.catalog import PoolSpec
 
 
+class CreateFailed(RuntimeError):
+    """The backend could not make the pod now (no free card, a quota, the API refused).
+    Nothing of the pod is left behind; the caller may try again later."""
+
+
 @dataclass(slots=True)
 class BackendPod:
     """What the backend reports about one pod."""
@@ -25,32 +38,50 @@ class BackendPod:
     name: str
     sku: str
     role: str
+    """``active`` or ``standby``."""
     created: float
+    """Epoch seconds when the create was requested."""
     endpoint: str
     """Where the pod agent listens: ``unix:/path`` or ``tcp:host:port``."""
     alive: bool = True
+    """False once the pod is known to have stopped (``PodBackend.exited``); a dead pod stays
+    listed until it is deleted."""
     gpu: str | None = None
+    """The card the pod is pinned to (the first, for a pod of several); None for CPU pods."""
     template: str = "v1"
     annotations: dict[str, str] = field(default_factory=dict)
+    """The pod's annotations as last written by ``annotate``."""
 
 
 class PodBackend(Protocol):
     async def create(
         self, name: str, pool: PoolSpec, role: str = "active", gpu: str | None = None
     ) -> BackendPod:
-        """Start a pod; returns as soon as it is requested (readiness is probed separately)."""
+        """Start a pod of ``pool`` named ``name``; return as soon as it is requested (readiness
+        is probed separately, at the returned endpoint). From then until ``delete`` the pod is
+        listed, with no annotations. A standby shares the card ``gpu`` of its active pod.
+        Raises ``CreateFailed`` when the pod cannot be made now, ``ValueError`` for a name in
+        use or a standby without ``gpu``."""
         ...
 
     async def delete(self, name: str) -> None:
-        """Stop the pod and everything in it; idempotent."""
+        """Stop the pod and everything in it, and forget it: once this returns, the pod is not
+        listed, its endpoint answers nothing and ``exited`` is True. Idempotent: deleting a pod
+        that is gone (or was never made) is no error."""
         ...
 
     async def list(self) -> list[BackendPod]:
-        """Every pod this backend owns, with its labels and annotations."""
+        """Every pod in this backend's state, those earlier backend objects made over the same
+        state included (restart recovery), dead ones with ``alive=False``, each with its
+        annotations."""
         ...
 
     async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
-        """Merge annotations (``None`` removes a key); best-effort, never blocks a job."""
+        """Merge ``annotations`` into the pod's (``None`` removes a key; other keys are kept).
+        Durable once it returns: a new backend object over the same state lists them. A pod
+        that is gone is no error (nothing is written). Raises if the write fails: a caller
+        that must not go on without it (``broker.pods.PodManager.persist_owner``) relies on
+        that; callers for whom it is best-effort catch it."""
         ...
 
     async def sweep(self, gpus: Sequence[str]) -> dict[str, bool]:
@@ -60,10 +91,12 @@ class PodBackend(Protocol):
 
     async def exited(self, name: str) -> bool:
         """True when the pod is known to have stopped (its processes gone, say killed while
-        it started); False when it runs or cannot be told. Cheap: probed while waiting for
-        readiness, so a dead pod is not waited for until the ready timeout."""
+        it started) or is not known at all (deleted); False while it runs or when it cannot
+        be told. Cheap: probed while waiting for readiness, so a dead pod is not waited for
+        until the ready timeout."""
         ...
 
     async def close(self) -> None:
-        """Release backend resources; pods keep running."""
+        """Release this backend object's resources; the pods keep running, for a new backend
+        object over the same state to list."""
         ...

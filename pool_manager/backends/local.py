@@ -6,9 +6,11 @@ its controller. Its labels and annotations (owner, tag, hold, the launcher's pid
 that directory, in ``root/<name>.json`` (written atomically), where the pod's jobs cannot
 reach them: a sandboxed pod sees ``root`` (and every other ``private`` path) as an empty
 directory with only its own directory in it. ``list`` rebuilds the backend's view from those
-files after a restart, so what a job writes can never change which caller owns its pod, nor
-which process a delete kills. (Without a sandbox a job runs as the broker's user: no
-isolation between callers, as the launcher warns when it starts the first pod.)
+files after a restart (the backend's state is ``root``: a new ``LocalBackend`` over the same
+``root`` lists every pod an earlier one made), so what a job writes can never change which
+caller owns its pod, nor which process a delete kills. (Without a sandbox a job runs as the
+broker's user: no isolation between callers, as the launcher warns when it starts the first
+pod.)
 
 A pod's environment is the broker's filtered to ``POD_ENV_NAMES`` and ``POD_ENV_PREFIXES``
 (paths, locale, proxies, certificates, package-index and GPU settings), like a pod template's
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command
-from pool_manager.backends.base import BackendPod
+from pool_manager.backends.base import BackendPod, CreateFailed
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.catalog import PoolSpec
 
@@ -173,7 +175,7 @@ class LocalBackend:
         busy = {p.gpu for p in self._list() if p.alive and p.role == "active" and p.gpu}
         free = [card for card in self.gpus.cards(pool.accelerator) if card not in busy]
         if len(free) < pool.units_per_pod:
-            raise RuntimeError(
+            raise CreateFailed(
                 f"no free {pool.accelerator} GPU on this machine for pool {pool.sku} "
                 f"(cards: {list(self.gpus.cards(pool.accelerator))}, in use: {sorted(busy)})"
             )
@@ -216,23 +218,27 @@ class LocalBackend:
         self._write_meta(name, meta)
         # posix_spawn rather than Popen: the pod must outlive us, and a Popen handle we never
         # wait on would be reported as leaked. Our own children are reaped in ``_reap``.
-        pid = os.posix_spawnp(
-            argv[0],
-            argv,
-            pod_environment(os.environ),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                (
-                    os.POSIX_SPAWN_OPEN,
-                    1,
-                    str(pod_dir / "agent.log"),
-                    os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                    0o644,
-                ),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ],
-            setsid=True,
-        )
+        try:
+            pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                pod_environment(os.environ),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                    (
+                        os.POSIX_SPAWN_OPEN,
+                        1,
+                        str(pod_dir / "agent.log"),
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                        0o644,
+                    ),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                ],
+                setsid=True,
+            )
+        except OSError as exc:  # a failed create leaves nothing behind (base.CreateFailed)
+            self._kill(name)
+            raise CreateFailed(f"pod {name} could not be started: {exc}") from exc
         self._children.add(pid)
         meta["pid"] = pid
         self._write_meta(name, meta)

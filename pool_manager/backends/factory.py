@@ -1,0 +1,57 @@
+"""Which pod backend a broker runs on, by name (``Settings.backend``, ``FIREPOOL_BACKEND``).
+
+Each backend module is imported only when it is chosen: a broker on local pods never loads
+the fake's HTTP server, and reading the list of names (``BACKEND_KINDS``, what the settings
+check a name against) loads neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from functions.errors import InvalidRequest
+from pool_manager.backends.base import PodBackend
+
+BACKEND_KINDS = ("local", "fake")
+"""The backends a broker can be built on: ``local`` (a ``pod_runtime`` agent process per pod on
+this machine, the default) and ``fake`` (in-memory pods running attempts in the broker's own
+process, for fast tests: ``pool_manager/backends/fake.py`` says what it does not emulate)."""
+
+
+def make_backend(
+    kind: str,
+    *,
+    root: Path,
+    open_package: Callable[[str], BinaryIO],
+    sandbox: bool | None = None,
+    gpus: Mapping[str, tuple[str, ...]] | None = None,
+    private: Sequence[Path] = (),
+) -> PodBackend:
+    """The backend ``kind`` names, keeping its pods' state under ``root``.
+
+    ``open_package``: a package's stored bytes by digest, as a file (the broker's package
+    store's ``open``): fake pods read packages through it, local pods fetch signed URLs.
+    ``sandbox``, ``gpus`` (the catalog's declared cards per accelerator) and ``private``
+    (directories no pod may see: the broker's state; the operator's home directory is added)
+    concern local pods only. ``InvalidRequest`` naming the known backends for any other
+    ``kind``."""
+    if kind == "local":
+        from pool_manager.backends.gpus import GpuInventory
+        from pool_manager.backends.local import LocalBackend, operator_home
+
+        return LocalBackend(
+            root,
+            sandbox=sandbox,
+            gpus=GpuInventory(gpus or {}),
+            private=[*private, *operator_home()],
+        )
+    if kind == "fake":
+        from pool_manager.backends.fake import FakeBackend
+
+        return FakeBackend(root, open_package)
+    raise InvalidRequest(
+        f"unknown pod backend {kind!r}; the backends are: {', '.join(BACKEND_KINDS)}",
+        field="backend",
+    )
