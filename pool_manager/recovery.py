@@ -1,4 +1,4 @@
-"""Restart recovery of the tracker (paper A.1): rebuild every index from the backend's pods.
+"""Restart recovery of the tracker (paper A.1): rebuild the pod state from the backend's pods.
 
 The backend's pods are authoritative for ownership (labels and annotations: state, GPU, role,
 owner, tag, queue, release time and hold, the job a running pod serves); the job store is
@@ -17,7 +17,7 @@ RUNNING job against what this rebuilt. Rules:
 * a pod marked to retire after its job (``retire_after``, ``single_use``: the shell persists
   the mark before the job runs) keeps the mark while leased, and retires at once if idle.
 
-Concurrency: helpers of ``Tracker``; its lock is held.
+Concurrency: ``restore_locked`` assumes the tracker's lock is held.
 """
 
 from __future__ import annotations
@@ -25,74 +25,78 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from pool_manager.claim_policy import ClaimPolicy
+from pool_manager.budgets import BudgetLedger
+from pool_manager.caller_usage import CallerUsage
+from pool_manager.catalog import PoolSpec
+from pool_manager.gpu_gate import join_group_locked
+from pool_manager.holds import settle_idle
 from pool_manager.model import ClaimRequest, DeletePod, PodInfo
-from pool_manager.pod_index import gpus_per_pod
-from pool_manager.states import POD_TRANSITIONS, PodState, transition
+from pool_manager.pod_index import PodIndex, gpus_per_pod
+from pool_manager.states import PodState
 
 _IDLE = PodState.IDLE
-_T = POD_TRANSITIONS
+_RETIRING = PodState.RETIRING
+
+LeaseRecord = tuple[ClaimRequest, tuple[PodInfo, ...], tuple[str, ...]]
+"""A live lease, as the tracker keeps it: the request, its pods, and the names of those that
+were standbys when claimed (``unclaim`` makes them standbys again)."""
 
 
-class Recovery(ClaimPolicy):
-    def _settle_idle_locked(self, pod: PodInfo, now: float) -> None:
-        """Fill in the times of an idle pod found (not made) idle: when it went idle and,
-        for a used one, when its owner hold ends (a hold that never ends would never
-        retire)."""
-        if pod.released_at is None:
-            pod.released_at = now
-        if pod.owner is not None and pod.hold_until is None:
-            pod.hold_until = pod.released_at + self._holds[pod.sku]
-
-    def _restore_locked(
-        self, pods: Iterable[PodInfo], now: float, jobs: Mapping[str, ClaimRequest]
-    ) -> list[DeletePod]:
-        self._clear_locked()
-        self.ledger.clear()
-        self.log.clear()
-        orphans: list[DeletePod] = []
-        leased: dict[str, list[PodInfo]] = {}
-        kept: list[PodInfo] = []
-        for src in pods:
-            if src.sku not in self._specs or src.name in self._pods:
-                orphans.append(DeletePod(src.name, "unknown_pod"))
-                continue
-            if src.state is PodState.DELETED:
-                continue
-            pod = replace(src)
-            if pod.state is PodState.ASSIGNED:  # claimed, never committed: no user code ran
-                transition(pod, _IDLE, "restored_unlaunched", now, _T, self.log, pod.name)
-                pod.job_id, pod.retire_after, pod.single_use = None, False, False
-            elif pod.state is PodState.RUNNING:
-                if pod.job_id is None:
-                    why = "restored_without_job"
-                    transition(pod, PodState.RETIRING, why, now, _T, self.log, pod.name)
-                else:
-                    leased.setdefault(pod.job_id, []).append(pod)
+def restore_locked(
+    index: PodIndex,
+    ledger: BudgetLedger,
+    usage: CallerUsage | None,
+    specs: Mapping[str, PoolSpec],
+    pods: Iterable[PodInfo],
+    now: float,
+    jobs: Mapping[str, ClaimRequest],
+) -> tuple[list[DeletePod], dict[str, LeaseRecord]]:
+    """Track copies of ``pods`` in the emptied ``index`` and ``ledger`` (and ``usage``, when
+    the catalog sets per-caller limits) by the rules above. Returns deletes for pods this
+    catalog cannot track, and for idle pods marked to retire after a job that has ended;
+    and the live leases, by job id."""
+    orphans: list[DeletePod] = []
+    leased: dict[str, list[PodInfo]] = {}
+    kept: list[PodInfo] = []
+    leases: dict[str, LeaseRecord] = {}
+    for src in pods:
+        if src.sku not in specs or src.name in index.pods:
+            orphans.append(DeletePod(src.name, "unknown_pod"))
+            continue
+        if src.state is PodState.DELETED:
+            continue
+        pod = replace(src)
+        if pod.state is PodState.ASSIGNED:  # claimed, never committed: no user code ran
+            index.move_locked(pod, _IDLE, "restored_unlaunched", now)
+            pod.job_id, pod.retire_after, pod.single_use = None, False, False
+        elif pod.state is PodState.RUNNING:
+            if pod.job_id is None:
+                index.move_locked(pod, _RETIRING, "restored_without_job", now)
             else:
-                pod.job_id = None
-                if pod.state is _IDLE and (pod.retire_after or pod.single_use):
-                    # Marked to retire after a job that has ended: it never serves again.
-                    why = "restored_retiring"
-                    transition(pod, PodState.RETIRING, why, now, _T, self.log, pod.name)
-                    orphans.append(DeletePod(pod.name, why))
-            self._pods[pod.name] = pod
-            self._join_group_locked(pod, reserved=False)
-            kept.append(pod)
-        for job_id, members in leased.items():
-            first = members[0]
-            req = jobs.get(job_id) or ClaimRequest(
-                job_id, first.owner or "", first.sku, first.tag, first.queue or "default",
-                len(members),
-            )  # fmt: skip
-            for pod in members:  # the store's record of the job wins over a stale annotation
-                pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
-            self._jobs[job_id] = (req, tuple(p.name for p in members), ())
-            if self._limited:
-                n = len(members)
-                self._count_locked(req.caller, n, n * gpus_per_pod(self._specs[first.sku]))
-        for pod in kept:
-            if pod.state is _IDLE:
-                self._settle_idle_locked(pod, now)
-                self._index_locked(pod)
-        return orphans
+                leased.setdefault(pod.job_id, []).append(pod)
+        else:
+            pod.job_id = None
+            if pod.state is _IDLE and (pod.retire_after or pod.single_use):
+                # Marked to retire after a job that has ended: it never serves again.
+                index.move_locked(pod, _RETIRING, "restored_retiring", now)
+                orphans.append(DeletePod(pod.name, "restored_retiring"))
+        index.add_locked(pod)
+        join_group_locked(index, ledger, specs[pod.sku], pod, reserved=False)
+        kept.append(pod)
+    for job_id, members in leased.items():
+        first = members[0]
+        req = jobs.get(job_id) or ClaimRequest(
+            job_id, first.owner or "", first.sku, first.tag, first.queue or "default",
+            len(members),
+        )  # fmt: skip
+        for pod in members:  # the store's record of the job wins over a stale annotation
+            pod.owner, pod.queue, pod.tag = req.caller, req.queue, req.lease_tag
+        leases[job_id] = (req, tuple(members), ())
+        if usage is not None:
+            n = len(members)
+            usage.add_locked(req.caller, n, n * gpus_per_pod(specs[first.sku]))
+    for pod in kept:
+        if pod.state is _IDLE:
+            settle_idle(pod, specs[pod.sku].hold_s, now)
+            index.offer_locked(pod)
+    return orphans, leases

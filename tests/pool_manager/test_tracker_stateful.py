@@ -293,18 +293,12 @@ class ControlPlane(RuleBasedStateMachine):
     @invariant()
     def buckets_hold_exactly_the_claimable_pods(self) -> None:
         t = self.t
-        listed: Counter[str] = Counter()
-        for index in (t._fresh, t._standby, t._exact):
-            for bucket in index.values():
-                listed.update(bucket.keys())
-        for key, bucket in t._exact.items():
-            if bucket:
-                assert key[2:] in t._owned[key[:2]]
+        listed = Counter(t.claimable())
         for pod in t.pods():
             claimable = (
                 pod.state is PodState.IDLE
-                and (pod.gpu is None or pod.gpu not in t._gates)
-                and (pod.role != "standby" or bool(t._exclusive.get(pod.gpu or "")))
+                and (pod.gpu is None or t.gate_holder(pod.gpu) is None)
+                and (pod.role != "standby" or t.gpu_verified(pod.gpu or ""))
             )
             assert listed[pod.name] == int(claimable), (pod, listed[pod.name])
 

@@ -1,0 +1,83 @@
+"""Per-caller limits (paper A.1): each caller's leased pods and GPUs against its own ceilings.
+
+The catalog's ``limits`` (everyone) and ``caller_limits`` (per caller) cap the pods and GPUs
+one caller holds *leased* at once (assigned or running; held idle pods do not count). The
+check and the count happen in the claim's locked step, so no two dispatchers overrun a
+limit. A gang is checked as a whole.
+
+Invariant: ``_pods[caller]`` / ``_gpus[caller]`` are the caller's live leased pods and their
+GPUs (absent when zero). The tracker keeps them only when the catalog sets a limit
+(``Catalog.has_limits``); otherwise no claim pays for them.
+
+Concurrency: no lock of its own; every method assumes the owning ``Tracker``'s lock is held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pool_manager.catalog import Catalog, PoolSpec
+from pool_manager.model import ClaimRequest
+from pool_manager.pod_index import gpus_per_pod
+
+
+class CallerUsage:
+    """Leased pods and GPUs per caller, and the checks against ``catalog``'s limits."""
+
+    __slots__ = ("_catalog", "_gpus", "_pods")
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._pods: dict[str, int] = {}
+        self._gpus: dict[str, int] = {}
+
+    def clear_locked(self) -> None:
+        self._pods.clear()
+        self._gpus.clear()
+
+    def over_locked(self, req: ClaimRequest, spec: PoolSpec) -> str | None:
+        """The limit ``req`` would pass on top of its caller's leases (a ``Miss`` reason:
+        ``caller_pod_limit`` or ``caller_gpu_limit``), or ``None``."""
+        caller = req.caller
+        want = req.pods * gpus_per_pod(spec)
+        return self._catalog.limits_for(caller).exceeded_by(
+            self._pods.get(caller, 0) + req.pods,
+            self._gpus.get(caller, 0) + want if want else 0,
+        )
+
+    def add_locked(self, caller: str, pods: int, gpus: int) -> None:
+        """Add (or, negative, remove) leased pods and GPUs to a caller's running totals."""
+        left = self._pods.get(caller, 0) + pods
+        if left > 0:
+            self._pods[caller] = left
+        else:
+            self._pods.pop(caller, None)
+        if gpus:
+            gleft = self._gpus.get(caller, 0) + gpus
+            if gleft > 0:
+                self._gpus[caller] = gleft
+            else:
+                self._gpus.pop(caller, None)
+
+    def within_locked(
+        self, demand: Sequence[ClaimRequest], specs: Mapping[str, PoolSpec]
+    ) -> list[ClaimRequest]:
+        """The jobs of ``demand`` (in order) that their callers' limits would let run at
+        once, counting each caller's leases and the jobs before it in ``demand``."""
+        out: list[ClaimRequest] = []
+        used: dict[str, tuple[int, int]] = {}
+        limits_for = self._catalog.limits_for
+        for req in demand:
+            spec = specs.get(req.sku)
+            caller = req.caller
+            pods, gpus = used.get(caller) or (
+                self._pods.get(caller, 0),
+                self._gpus.get(caller, 0),
+            )
+            more = req.pods * gpus_per_pod(spec) if spec is not None else 0
+            pods, gpus = pods + req.pods, gpus + more
+            if limits_for(caller).exceeded_by(pods, gpus if more else 0):
+                continue
+            used[caller] = (pods, gpus)
+            out.append(req)
+        return out
