@@ -31,10 +31,11 @@ from pod_runtime import jobuser, spawner, sysvipc
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
+from pod_runtime.log_cap import cap_log, servable_while_running
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import AttemptSpec, decode_spec, json_safe
 from pod_runtime.reset import Resetter
-from pod_runtime.runner import Attempt, Runner, capped_log_view, truncation_line
+from pod_runtime.runner import Attempt, Runner
 from pod_runtime.settings import AgentSettings, parse_args
 from pod_runtime.zygote import set_child_subreaper
 
@@ -283,15 +284,17 @@ class Agent:
             raise InvalidRequest("encoding must be text or base64", field="encoding")
         done = attempt.done.is_set()
         cap = self.settings.max_log_bytes
+        if done and attempt.log_size is None:  # ended before its job started (a cancel)
+            attempt.log_size = cap_log(attempt.log, cap)
         try:
             with attempt.log.open("rb") as log:
-                size = capped_log_view(os.fstat(log.fileno()).st_size, cap)
+                # Ended: the capped log. Running: only what stays at its offset (log_cap).
+                size = attempt.log_size
+                if size is None:
+                    size = servable_while_running(log, os.fstat(log.fileno()).st_size, cap)
                 start = min(offset, size)
-                if start < cap:
-                    log.seek(start)
-                    data = log.read(min(LOG_CHUNK, min(size, cap) - start))
-                else:  # past the cap: the truncation line, whatever the file holds there
-                    data = truncation_line(cap)[start - cap : size - cap]
+                log.seek(start)
+                data = log.read(min(LOG_CHUNK, size - start))
         except FileNotFoundError:
             size, data = 0, b""
         if encoding == "base64":  # the log's own bytes, whatever the job wrote

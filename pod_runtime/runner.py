@@ -8,8 +8,8 @@ killed job's exit must then be reported within ``EXIT_GRACE_S``, else its report
 zygote, which a job can stop) is killed as broken, which hands the exit to the agent's own
 reaper. ``exit_code`` is set only when a job process exited (negative: killed by that
 signal). Output is capped (``job_main.MAX_OUTPUT_BYTES``), and so is the log
-(``AgentSettings.max_log_bytes``: ``cap_log`` when the job exits, ``capped_log_view`` for
-every read). Event-loop only; the agent runs
+(``AgentSettings.max_log_bytes``: ``log_cap.cap_log`` once the attempt ended, which sets
+``Attempt.log_size``). Event-loop only; the agent runs
 at most one attempt at a time, so a ``Runner`` never has two attempts in flight.
 """
 
@@ -34,6 +34,7 @@ from pod_runtime.cgroups import JobCgroups
 from pod_runtime.deps import INSTALL_TIMEOUT_S, Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env
+from pod_runtime.log_cap import cap_log
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import AttemptResult, AttemptSpec
 from pod_runtime.reset import empty_dir
@@ -64,6 +65,9 @@ class Attempt:
     cause: ErrorClass | None = None
     killed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a timeout's or cancel's kill has run: the job's tree is dead (or reported)."""
+    log_size: int | None = None
+    """How much of the log is served, once the attempt ended and its log is capped
+    (``log_cap.cap_log``); None before."""
 
     @property
     def log(self) -> Path:
@@ -130,6 +134,7 @@ class Runner:
             result.fail(ErrorClass.INTERNAL, f"agent error: {exc!r}")
         finally:
             result.finished = time.time()
+            attempt.log_size = cap_log(attempt.log, self.settings.max_log_bytes)
             attempt.done.set()
 
     async def _bind(self, attempt: Attempt) -> list[str]:
@@ -220,7 +225,6 @@ class Runner:
             return await self._wait_exit(attempt, exited)
         finally:
             self.reaper.forget(pid)
-            cap_log(attempt.log, self.settings.max_log_bytes)
 
     async def _wait_exit(self, attempt: Attempt, exited: asyncio.Future[int]) -> int | None:
         """The job's exit code, waited for no longer than its deadline or a cancel; None if
@@ -368,27 +372,6 @@ class Runner:
             type=str(outcome.get("type")),
             traceback=str(outcome.get("traceback")),
         )
-
-
-def truncation_line(cap: int) -> bytes:
-    return f"[firepool] log truncated at {cap} bytes\n".encode()
-
-
-def cap_log(log: Path, cap: int) -> None:
-    """Cut ``log`` to its first ``cap`` bytes plus ``truncation_line`` if it is longer (when
-    the job exits: the job writes the file directly, which costs nothing per line)."""
-    with contextlib.suppress(FileNotFoundError):
-        if log.stat().st_size > cap:
-            os.truncate(log, cap)
-            with log.open("ab") as out:
-                out.write(truncation_line(cap))
-
-
-def capped_log_view(size: int, cap: int) -> int:
-    """How many bytes of a ``size``-byte log are ever served: all of a log within ``cap``;
-    else the first ``cap`` and the truncation line (what a daemon of the job appends after
-    ``cap_log``, or a running job past the cap, is never served)."""
-    return size if size <= cap else cap + len(truncation_line(cap))
 
 
 class OutputTooLarge(Exception):

@@ -67,9 +67,10 @@ class PodLayout:
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
 """Default cap on one attempt's log file (the job's stdout+stderr, plus what the agent and an
-install wrote there): past it the agent writes one line saying the log was truncated at this
-many bytes and drops the rest, while the job keeps running. The broker copies each log into
-its own archive, so this also bounds what one job costs the broker."""
+install wrote there): once the job has ended, a longer log keeps its first and last halves
+with one line between them saying how many bytes were dropped (``pod_runtime.log_cap``); the
+job is never stopped for its log. The broker copies each log into its own archive, so this
+also bounds what one job costs the broker."""
 
 FAULT_ENV = "FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS"
 """The one variable the agent reads: a test-only fault injection (see AgentSettings)."""

@@ -157,8 +157,13 @@ def test_an_attempt_log_is_capped_at_the_agent_and_the_job_keeps_running(
     result = agent.run(job("loud-1:1", hostile, "shout", 2_000_000))
     assert result["state"] == "succeeded" and result["output"] == "still running", result
     log = (agent.pod_dir / "attempts" / "loud-1:1" / "log").read_bytes()
-    assert cap < len(log) < cap + 200
-    assert log.endswith(f"[firepool] log truncated at {cap} bytes\n".encode())
+    assert cap - 2048 < len(log) < cap + 200  # its head and tail, cut at line ends
+    lines = log.splitlines(keepends=True)
+    assert set(lines) == {b"y" * 1023 + b"\n", lines[48]}, "whole lines and one marker line"
+    kept = len(log) - len(lines[48])
+    dropped = 2_000_000 // 1024 * 1024 - kept
+    marker = f"[firepool] {dropped} bytes of this log dropped here: a log over {cap} bytes "
+    assert lines[48] == (marker + "keeps its start and its end\n").encode()
     data, offset = "", 0
     while True:
         status, chunk = agent.call("GET", f"/attempts/loud-1:1/logs?offset={offset}")
