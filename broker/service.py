@@ -2,14 +2,18 @@
 
 Startup order (paper A.1): open the store (schema checked) → rebuild the tracker from the
 backend's pods and the store (recovery) → start the dispatcher. Shutdown (the uvicorn way):
-stop intake, drain running jobs for ``drain_s``, cancel the rest; pods keep running.
+stop intake at the signal (``stop_intake``), wait ``drain_s`` for running jobs, then stop
+waiting: a job still running runs on in its pod (pods outlive the broker), and the next start
+takes it up again (``broker.recovery``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import hashlib
 import logging
+import os
 import random
 import secrets
 import time
@@ -40,6 +44,7 @@ from functions.stores import PackageStore, UrlSigner, local_file, open_package_s
 from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
+from pool_manager.backends.local import unsandboxed_reason
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
@@ -79,6 +84,48 @@ def check_function_env(env: Mapping[str, str]) -> None:
                 "(docs/pod_runtime.md lists the names a job's environment may not set)",
                 field="env",
             )
+
+
+def check_pod_isolation(settings: Settings) -> str | None:
+    """Whether ``firepool serve`` may start with ``settings``' pods: None when every job runs
+    in the sandbox, where it sees none of the broker's state. Otherwise (no working bubblewrap,
+    the sandbox off, or the fake backend, whose jobs run in the broker's process) each job
+    would run as the broker's user and read its signing key (and so mint admin tokens) and its
+    job store: ``InvalidRequest`` naming the variable, unless the operator opted in
+    (``allow_unsandboxed``), and then the warning to show on the console."""
+    if settings.backend == "fake":
+        why = "FIREPOOL_BACKEND=fake runs every job inside the broker's own process"
+        fix = "Run them on local pods (FIREPOOL_BACKEND=local) to sandbox them"
+    else:
+        reason = unsandboxed_reason(settings.sandbox)
+        if reason is None:
+            return None
+        if settings.sandbox:
+            raise InvalidRequest(
+                f"FIREPOOL_SANDBOX=1 but pods cannot be sandboxed here: {reason}",
+                field="FIREPOOL_SANDBOX",
+            )
+        why, fix = reason, "Install bubblewrap (apt-get install bubblewrap) to sandbox them"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a uid without a name (a container's)
+        user = f"uid {os.getuid()}"
+    exposed = (
+        f"pods are not sandboxed here ({why}): every job would run as this broker's user "
+        f"({user}) and could read its signing key (and so mint admin tokens) and its job store "
+        "(every caller's inputs and outputs)"
+    )
+    if not settings.allow_unsandboxed:
+        raise InvalidRequest(
+            f"{exposed}. {fix}, or, if every caller may act as this user, start anyway with "
+            "FIREPOOL_ALLOW_UNSANDBOXED=1 (`firepool serve --allow-unsandboxed`)",
+            field="FIREPOOL_ALLOW_UNSANDBOXED",
+        )
+    return (
+        f"WARNING: {exposed}. Started anyway (FIREPOOL_ALLOW_UNSANDBOXED=1): give tokens only "
+        "to callers who may act as this user; install bubblewrap (apt-get install bubblewrap) "
+        "and restart to sandbox every job."
+    )
 
 
 class Broker:
@@ -215,6 +262,14 @@ class Broker:
             t_store - t0,
             t_recovered - t_store,
         )
+
+    def stop_intake(self) -> None:
+        """The first step of a shutdown, at its signal: refuse new jobs (503) and start no
+        queued one (they stay queued in the store); running ones go on, and ``stop`` waits
+        ``drain_s`` for them."""
+        self.accepting = self.ready = False
+        if self._dispatcher is not None:
+            self._dispatcher.halt()
 
     def _lock_lost(self, taken: str) -> None:
         """Another broker took one of this broker's locks while it was lost: stop taking and

@@ -275,6 +275,12 @@ class Settings:
     emulate)."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
+    allow_unsandboxed: bool = False
+    """Let ``firepool serve`` start when local pods cannot be sandboxed (no working bubblewrap,
+    or ``sandbox`` off; FIREPOOL_ALLOW_UNSANDBOXED, ``serve --allow-unsandboxed``). Every job
+    then runs as the broker's user and can read its signing key (and so mint admin tokens) and
+    its job store: only where every caller may act as that user. Without it such a broker
+    refuses to start (``broker.service.check_pod_isolation``)."""
     result_retention_s: Retention = 7 * 86400.0
     """How long a finished job keeps its output and logs (FIREPOOL_RESULT_RETENTION_S); after
     it the job answers ``Expired``."""
@@ -290,7 +296,9 @@ class Settings:
     a MySQL lock's connection from idling out, so keep it well under the server's
     ``wait_timeout``."""
     drain_s: Seconds = 10.0
-    """On shutdown: stop intake, wait this long for running jobs, then cancel."""
+    """On shutdown, how long the requests in flight, then the running jobs, may finish
+    (each). A job still running then is not cancelled: it runs on in its pod, and the next
+    start takes it up (README, "What happens to jobs")."""
     max_body_bytes: Count = 512 * 1024 * 1024
     """Largest package upload accepted (the paper's 512 MiB compressed cap)."""
     max_json_bytes: Count = 16 * 1024 * 1024

@@ -8,6 +8,7 @@ the server's typed error on failure.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -15,8 +16,10 @@ import math
 import os
 import socket
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import httpx
@@ -79,17 +82,30 @@ def _client(args: argparse.Namespace) -> Client:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from broker.service import Broker
+    from broker.service import Broker, check_pod_isolation
     from gateway.app import create_app
 
-    settings = Settings.from_env(host=args.host, port=args.port)
+    allow = args.allow_unsandboxed or None  # the flag wins; without it, the variable
+    settings = Settings.from_env(host=args.host, port=args.port, allow_unsandboxed=allow)
+    unsandboxed = check_pod_isolation(settings)  # refused before the home is touched
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     broker = Broker(settings)
     with _store_answers(settings.resolved_store_url):  # a MySQL lock connects
         broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
     _check_bindable(settings.host, settings.port)
     app = create_app(broker)
-    uvicorn.run(
+
+    class Server(uvicorn.Server):
+        """uvicorn's server whose stop signal (SIGINT, SIGTERM) also stops the broker's
+        intake at once: uvicorn first waits up to ``drain_s`` for the requests in flight, and
+        only then stops the application, which would start queued jobs meanwhile."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            with contextlib.suppress(RuntimeError):  # no loop running yet: nothing to stop
+                asyncio.get_running_loop().call_soon_threadsafe(broker.stop_intake)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -99,6 +115,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http="httptools",
         timeout_graceful_shutdown=int(settings.drain_s),
     )
+    if unsandboxed is not None:  # on the console, one paragraph, once nothing refuses it
+        sys.stderr.write(textwrap.fill(unsandboxed, 100) + "\n")
+        sys.stderr.flush()
+    Server(config).run()
     return 0
 
 
@@ -307,6 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the broker")
     s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=None, help="port to bind (default 8080)")
+    s.add_argument(
+        "--allow-unsandboxed",
+        action="store_true",
+        help="start even where local pods cannot be sandboxed (no bubblewrap): every job then "
+        "runs as this user and can read the signing key and the job store "
+        "(FIREPOOL_ALLOW_UNSANDBOXED=1)",
+    )
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("token", help="mint a bearer token (printed as the last line)")

@@ -9,8 +9,8 @@ directory with only its own directory in it. ``list`` rebuilds the backend's vie
 files after a restart (the backend's state is ``root``: a new ``LocalBackend`` over the same
 ``root`` lists every pod an earlier one made), so what a job writes can never change which
 caller owns its pod, nor which process a delete kills. (Without a sandbox a job runs as the
-broker's user: no isolation between callers, as the launcher warns when it starts the first
-pod.)
+broker's user and reads what it reads, the ``private`` paths included:
+``unsandboxed_reason`` says when that is so.)
 
 A pod's environment is the broker's filtered to ``POD_ENV_NAMES`` and ``POD_ENV_PREFIXES``
 (paths, locale, proxies, certificates, package-index and GPU settings), like a pod template's
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pod_runtime.cgroups import kill_pod
-from pod_runtime.launch import agent_command
+from pod_runtime.launch import agent_command, sandbox_status
 from pool_manager.backends.base import BackendPod, CreateFailed
 from pool_manager.backends.gpus import GpuInventory
 from pool_manager.catalog import PoolSpec
@@ -56,6 +56,17 @@ def pod_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a pod starts with: ``env`` (the broker's) kept to the names and
     prefixes above."""
     return {k: v for k, v in env.items() if k in POD_ENV_NAMES or k.startswith(POD_ENV_PREFIXES)}
+
+
+def unsandboxed_reason(sandbox: bool | None) -> str | None:
+    """Why pods of a ``LocalBackend(sandbox=sandbox)`` would run without the sandbox, or None
+    if every one runs in it. Unsandboxed, a pod's jobs run as the broker's user (they change
+    uid only inside the sandbox: ``pod_runtime.jobuser``) and read whatever it can read, its
+    ``private`` paths included."""
+    if sandbox is False:
+        return "the sandbox is turned off"
+    ok, why = sandbox_status()
+    return None if ok else why
 
 
 def operator_home() -> list[Path]:

@@ -45,6 +45,7 @@ SAMPLES = {
     "pod_ready_timeout_s": ("90", 90.0),
     "sandbox": ("false", False),
     "backend": ("fake", "fake"),
+    "allow_unsandboxed": ("1", True),
     "result_retention_s": ("inf", float("inf")),
     "idempotency_retention_s": ("0", 0.0),
     "retention_sweep_s": ("7.5", 7.5),
