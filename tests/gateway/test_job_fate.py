@@ -1,6 +1,24 @@
 """What happens to jobs (README, "What happens to jobs"): at a shutdown, after ``firepool down``,
-when their function is deleted, and to their logs. Each test is one statement of that section;
-the statements already held by other tests are listed there, in the issue's report.
+when their function is deleted, and to their logs. Each test here is one statement of that
+section; the others are held elsewhere:
+
+- a lost pod runs the job again within ``max_retries``, then ``PodLost``:
+  ``tests/store/test_retry_policy.py::test_a_lost_pod_is_retried_within_the_budget``,
+  ``tests/gateway/test_recovery.py::test_a_pod_lost_while_the_broker_was_down_spends_a_retry``;
+- a function's own failure never runs again:
+  ``tests/store/test_retry_policy.py::test_a_function_failure_is_never_retried``;
+- an Idempotency-Key gives the same job for the same body, 422 for another, and a new job past
+  its retention: ``tests/gateway/test_api_errors.py::
+  test_idempotency_key_same_body_same_job_other_body_422``,
+  ``tests/store/test_retention.py::test_an_idempotency_key_past_retention_creates_a_new_job``;
+- ``firepool down`` is refused while a broker serves: ``tests/gateway/test_cli_and_demo.py::
+  test_down_refuses_while_a_broker_serves_the_home_and_counts_running_pods``;
+- stopping ``make run`` stops its pods: ``tests/gateway/test_demo_signals.py``;
+- a job's log is its last attempt's: ``tests/gateway/test_operations.py::
+  test_a_followed_log_starts_again_with_a_retried_attempt``, kept as long as its output:
+  ``tests/gateway/test_recovery.py::
+  test_outputs_and_logs_expire_after_the_retention_with_an_Expired_answer``; the cap at the
+  agent, live and ended: ``tests/pod_runtime/test_log_cap.py``.
 
 Real brokers (``firepool serve`` processes) over one state directory, stopped with SIGTERM as
 an operator or a service manager stops them, and started again.
