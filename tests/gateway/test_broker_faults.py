@@ -21,55 +21,18 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy.exc import OperationalError
 
 from broker import executor as executor_module
 from broker.executor import Executor, Outcome
-from broker.service import Broker
-from broker.settings import Settings
 from functions.sdk import Client
-from gateway.app import create_app
-from gateway.auth import Authenticator, Role
-from gateway.harness import free_port, kill_pods, start_broker
+from gateway.auth import Role
+from gateway.harness import kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
-from tests.pod_runtime.test_deps_env import make_wheel
-
-
-def _token(broker: Any, caller: str, role: Role) -> str:
-    return Authenticator(broker.signing_key).mint(caller, role, 3600)
-
+from tests.helpers import ThreadedBroker, make_wheel, threaded_broker
 
 FAULT = "raise inside the executor"
-
-
-@contextlib.contextmanager
-def in_process_broker(home: Path, keep_pods: bool = False) -> Iterator[tuple[Broker, str]]:
-    """A broker served by uvicorn in a thread; stopped, its pods killed (unless
-    ``keep_pods``, for a broker started after it on ``home``), afterwards."""
-    catalog = home / "catalog.yaml"
-    home.mkdir(parents=True, exist_ok=True)
-    catalog.write_text("pools:\n  cpu: {min_count: 0, max_count: 4}\n")
-    settings = Settings(home=home, port=free_port(), catalog_path=catalog)
-    broker = Broker(settings)
-    config = uvicorn.Config(
-        create_app(broker), host=settings.host, port=settings.port, log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="broker", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the broker did not start"
-        time.sleep(0.02)
-    try:
-        yield broker, settings.resolved_public_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        if not keep_pods:
-            kill_pods(home)
 
 
 def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(
@@ -83,13 +46,14 @@ def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(
         return await real_run(self, job, *args, **kwargs)
 
     monkeypatch.setattr(Executor, "run", run_or_fail)
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        token = _token(broker, "deployer", Role.DEPLOY)
-        with Client(url, token, timeout=60) as fp:
-            fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
-            first = fp.invoke("noop", 1, lease_tag="t")
-            failed = fp.wait(fp.submit("noop", FAULT, lease_tag="t"), timeout_s=30)
-            after = fp.invoke("noop", 2, lease_tag="t")
+    with (
+        threaded_broker(tmp_path / "home") as served,
+        served.client("deployer", Role.DEPLOY) as fp,
+    ):
+        fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
+        first = fp.invoke("noop", 1, lease_tag="t")
+        failed = fp.wait(fp.submit("noop", FAULT, lease_tag="t"), timeout_s=30)
+        after = fp.invoke("noop", 2, lease_tag="t")
     assert first["state"] == "SUCCEEDED", first
     assert failed["state"] == "FAILED", failed
     assert failed["error"]["class"] == "InternalError", failed
@@ -135,11 +99,11 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
         "def version(x):\n    import demo_pkg\n    return demo_pkg.VALUE\n"
     )
     try:
-        with in_process_broker(tmp_path / "home") as (broker, url):
-            with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
+        with threaded_broker(tmp_path / "home") as served:
+            with served.client("dev", Role.DEPLOY) as fp:
                 fp.deploy(code, name="probe", sku="cpu", entrypoint="probe:version",
                           requirements=requirements, timeout_s=1.0, max_retries=0)  # fmt: skip
-            with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
+            with served.client("user", Role.INVOKE) as fp:
                 job = fp.invoke("probe", None, lease_tag="t")
     finally:
         index.shutdown()
@@ -148,13 +112,13 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
     assert len(job["attempts"]) == 1
 
 
-def _running(broker: Broker, url: str, seconds: float, max_retries: int) -> tuple[Client, str, str]:
+def _running(served: ThreadedBroker, seconds: float, max_retries: int) -> tuple[Client, str, str]:
     """A user's client, the id of a ``behaviours:sleep`` job of ``seconds`` (deployed with
     ``max_retries``) and its pod, once it runs there."""
-    with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
+    with served.client("dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
                   max_retries=max_retries)  # fmt: skip
-    fp = Client(url, _token(broker, "user", Role.INVOKE), timeout=60)
+    fp = served.client("user", Role.INVOKE)
     job_id = fp.submit("sleep", seconds)
     return fp, job_id, wait_running(fp, job_id)["attempts"][-1]["pods"][0]
 
@@ -162,8 +126,8 @@ def _running(broker: Broker, url: str, seconds: float, max_retries: int) -> tupl
 def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -> None:
     """A PodLost error carried the agent's endpoint: a socket path inside the broker's state
     directory, which callers have no business knowing."""
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        fp, job_id, pod = _running(broker, url, 30, max_retries=0)
+    with threaded_broker(tmp_path / "home") as served:
+        fp, job_id, pod = _running(served, 30, max_retries=0)
         with fp:
             os.kill(agent_pid(pod), signal.SIGKILL)
             job = fp.wait(job_id, timeout_s=60)
@@ -184,13 +148,13 @@ def test_a_failing_job_store_answers_503_in_the_error_form(
     async def bug(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("a bug")
 
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        token = _token(broker, "user", Role.INVOKE)
+    with threaded_broker(tmp_path / "home") as served:
+        token = served.token("user", Role.INVOKE)
         headers = {"Authorization": f"Bearer {token}"}
-        monkeypatch.setattr(broker.jobs, "list_jobs", store_fails)
-        full = httpx.get(f"{url}/v1/jobs", headers=headers)
-        monkeypatch.setattr(broker.jobs, "list_jobs", bug)
-        broken = httpx.get(f"{url}/v1/jobs", headers=headers)
+        monkeypatch.setattr(served.broker.jobs, "list_jobs", store_fails)
+        full = httpx.get(f"{served.url}/v1/jobs", headers=headers)
+        monkeypatch.setattr(served.broker.jobs, "list_jobs", bug)
+        broken = httpx.get(f"{served.url}/v1/jobs", headers=headers)
     assert full.status_code == 503 and full.json()["error"]["class"] == "Unavailable", full.text
     assert broken.status_code == 500 and broken.json()["error"]["class"] == "InternalError"
 
@@ -201,11 +165,13 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
     """Nobody cancelled, yet the job ended CANCELLED when its agent stopped the attempt (a
     reset the broker did not send: adversarial run, a full disk). That is the pod failing
     under the job: PodLost, retried within max_retries."""
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        fp, job_id, pod = _running(broker, url, 2, max_retries=1)
+    with threaded_broker(tmp_path / "home") as served:
+        fp, job_id, pod = _running(served, 2, max_retries=1)
         with fp:
             time.sleep(0.5)  # the function sleeps
-            agent = UnixHTTPConnection(broker.pods.endpoints[pod].removeprefix("unix:"), 10.0)
+            agent = UnixHTTPConnection(
+                served.broker.pods.endpoints[pod].removeprefix("unix:"), 10.0
+            )
             try:
                 agent.request("POST", "/reset", body=b"{}")
                 # The broker may delete the pod (lost under its job) before the agent
@@ -225,19 +191,19 @@ def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
 ) -> None:
     """The owner write was best-effort: with a full disk the job launched on pods no record
     said were used, which a restarted broker could hand to another caller."""
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        real_annotate = broker.backend.annotate
+    with threaded_broker(tmp_path / "home") as served:
+        real_annotate = served.broker.backend.annotate
 
         async def annotate(name: str, notes: Any) -> None:
             if "firepool/owner" in notes:
                 raise OSError(28, "No space left on device")
             await real_annotate(name, notes)
 
-        monkeypatch.setattr(broker.backend, "annotate", annotate)
-        with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
+        monkeypatch.setattr(served.broker.backend, "annotate", annotate)
+        with served.client("dev", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty",
                       max_retries=1)  # fmt: skip
-        with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
+        with served.client("user", Role.INVOKE) as fp:
             job = fp.invoke("chatty", "never", lease_tag="t")
     assert job["state"] == "FAILED" and job["error"]["class"] == "PodLost", job
     assert "owner could not be recorded" in job["error"]["message"]
@@ -283,8 +249,8 @@ def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
 ) -> None:
     """``firepool_acquisitions_total`` counted the claim a failed RUNNING commit undid, so
     one attempt read as two acquisitions (adversarial run, 3 of 3)."""
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        real_update = broker.jobs.update
+    with threaded_broker(tmp_path / "home") as served:
+        real_update = served.broker.jobs.update
         failed: list[str] = []
 
         async def flaky_update(job: Any, revision: int) -> Any:
@@ -293,11 +259,11 @@ def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
                 raise OperationalError("UPDATE ...", {}, Exception("database is locked"))
             return await real_update(job, revision)
 
-        monkeypatch.setattr(broker.jobs, "update", flaky_update)
-        with Client(url, _token(broker, "dev", Role.DEPLOY)) as fp:
+        monkeypatch.setattr(served.broker.jobs, "update", flaky_update)
+        with served.client("dev", Role.DEPLOY) as fp:
             fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
             job = fp.invoke("noop", {})
-        claims = {k: v for k, v in broker.counters.items() if k.startswith("path_")}
+        claims = {k: v for k, v in served.broker.counters.items() if k.startswith("path_")}
     assert job["state"] == "SUCCEEDED" and failed == [job["id"]], (job["state"], failed)
     assert sum(claims.values()) == 1, claims
 
@@ -315,17 +281,17 @@ def test_an_upload_is_streamed_to_disk_not_held_in_memory(tmp_path: Path) -> Non
         for _ in range(count):
             yield chunk
 
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        token = _token(broker, "dev", Role.DEPLOY)
+    with threaded_broker(tmp_path / "home") as served:
+        token = served.token("dev", Role.DEPLOY)
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "text/plain"}
         tracemalloc.start()
         try:
-            resp = httpx.put(f"{url}/v1/packages/{digest}", content=body(), headers=headers,
+            resp = httpx.put(f"{served.url}/v1/packages/{digest}", content=body(), headers=headers,
                              timeout=60)  # fmt: skip
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        stored = broker.packages.path(digest).stat().st_size
+        stored = served.broker.packages.path(digest).stat().st_size
     assert resp.status_code == 201, resp.text
     assert stored == len(chunk) * count
     assert peak < 16 * (1 << 20), f"{peak / (1 << 20):.1f} MiB traced for a 48 MiB upload"

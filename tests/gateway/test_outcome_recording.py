@@ -1,13 +1,13 @@
 """A finished job's outcome is in the store before anything acts on it: the pods' reset (which
 makes the agent forget the result) and the caller's answer.
 
-Before, a store write that failed at the end of a job was logged and passed over: the caller was
-answered SUCCEEDED while the store kept the job RUNNING, and the agent had already forgotten
-the result a restarted broker would need. Two ways it failed, each run here on a real broker in
-this process (``in_process_broker``): a record the store cannot take (on MySQL, an output near
-the body cap over the default ``max_allowed_packet``; here the store's limit is lowered so a
-small output reaches it on SQLite), and a store that fails for a while (``JobStore.update``
-patched to raise a few times, as a dropped connection does).
+A store write that fails at the end of a job is retried, not logged and passed over: else the
+caller would be answered SUCCEEDED while the store keeps the job RUNNING, and the agent would
+have forgotten the result a restarted broker needs. Two ways a write fails, each run here on a
+real broker in this process (``tests.helpers.threaded_broker``): a record the store cannot
+take (on MySQL, an output near the body cap over the default ``max_allowed_packet``; here the
+store's limit is lowered so a small output reaches it on SQLite), and a store that fails for a
+while (``JobStore.update`` patched to raise a few times, as a dropped connection does).
 """
 
 from __future__ import annotations
@@ -23,23 +23,19 @@ import pytest
 from broker.jobs import Job
 from broker.store import JobStore
 from functions.sdk import ApiError, Client
-from gateway.auth import Authenticator, Role
+from gateway.auth import Role
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 from tests.conftest import BEHAVIOURS, EXAMPLES
-from tests.gateway.test_broker_faults import in_process_broker
-
-
-def _token(broker: Any, caller: str, role: Role) -> str:
-    return Authenticator(broker.signing_key).mint(caller, role, 3600)
+from tests.helpers import ThreadedBroker, threaded_broker
 
 
 def test_an_outcome_the_store_cannot_hold_fails_the_job_too_large(tmp_path: Path) -> None:
-    with in_process_broker(tmp_path / "home") as (broker, url):
-        assert broker.store is not None
-        broker.store.max_statement_bytes = 100_000
-        with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
+    with threaded_broker(tmp_path / "home") as served:
+        assert served.broker.store is not None
+        served.broker.store.max_statement_bytes = 100_000
+        with served.client("dev", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="sized", sku="cpu", entrypoint="behaviours:sized")
-        with Client(url, _token(broker, "user", Role.INVOKE), timeout=60) as fp:
+        with served.client("user", Role.INVOKE) as fp:
             # 60,000 quotes: 120 kB of JSON, 240 kB once the store escapes it.
             big = fp.invoke("sized", 60_000, lease_tag="t")
             stored = fp.job(big["id"])
@@ -83,11 +79,11 @@ class _Outage:
         return self.refusals <= self.times
 
 
-def _caller(broker: Any, url: str) -> Client:
+def _caller(served: ThreadedBroker) -> Client:
     """A caller's client, the ``noop`` example deployed."""
-    with Client(url, _token(broker, "dev", Role.DEPLOY), timeout=60) as fp:
+    with served.client("dev", Role.DEPLOY) as fp:
         fp.deploy(EXAMPLES / "noop", name="noop", sku="cpu", entrypoint="noop:noop")
-    return Client(url, _token(broker, "user", Role.INVOKE), timeout=60)
+    return served.client("user", Role.INVOKE)
 
 
 def test_an_outcome_is_retried_until_the_store_takes_it(
@@ -95,7 +91,7 @@ def test_an_outcome_is_retried_until_the_store_takes_it(
 ) -> None:
     down = _Outage(times=3)
     _store_refuses_outcomes(monkeypatch, "flaky", down)
-    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+    with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
         job = fp.invoke("noop", "flaky", lease_tag="t")
         stored = fp.job(job["id"])
         after = fp.invoke("noop", "fine", lease_tag="t")
@@ -117,7 +113,7 @@ def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
         return not store_up.is_set()
 
     _store_refuses_outcomes(monkeypatch, "held", down)
-    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+    with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
         job_id = fp.submit("noop", "held")
         assert refused.wait(30), "the attempt never ended"
         seen = [fp.job(job_id)["state"] for _ in range(5)]
@@ -137,8 +133,8 @@ def test_a_job_whose_function_is_gone_fails_only_once_the_store_has_it(
     answered FAILED while the store kept the job QUEUED, and nothing would ever run it."""
     down = _Outage(times=3)
     _store_refuses_outcomes(monkeypatch, "orphan", down)
-    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
-        dispatcher = broker.dispatcher
+    with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
+        dispatcher = served.broker.dispatcher
         real_functions = dispatcher.functions
 
         async def gone_for_orphans(name: str, version: int) -> Any:
@@ -178,7 +174,7 @@ def test_until_its_running_commit_lands_a_job_reads_queued(
         return await real_update(self, job, revision)
 
     monkeypatch.setattr(JobStore, "update", slow_running_commit)
-    with in_process_broker(tmp_path / "home") as (broker, url), _caller(broker, url) as fp:
+    with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
         job_id = fp.submit("noop", "slow start")
         assert entered.wait(30), "the job never started"
         seen = [fp.job(job_id)["state"] for _ in range(3)]

@@ -11,12 +11,12 @@ import httpx
 import pytest
 
 from broker.lifecycle import PodRecycler
-from functions.sdk import ApiError, Client
+from functions.sdk import ApiError
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
-from tests.gateway.test_broker_faults import in_process_broker
+from tests.helpers import threaded_broker
 
 CATALOG = (
     "budgets: {cpu: 8}\n"
@@ -117,7 +117,7 @@ def test_owner_holds_survive_a_restart(crashy: list[BrokerServer]) -> None:
 def test_outputs_and_logs_expire_after_the_retention_with_an_Expired_answer(
     tmp_path: Path,
 ) -> None:
-    home = tmp_path / "retention"
+    home = tmp_path / "home"
     server = start_broker(
         home,
         CATALOG,
@@ -153,7 +153,7 @@ def test_an_unclean_reset_retires_the_pod_and_the_next_job_gets_a_new_one(
     """Every pod's first reset reports unclean (the agent's fault injection simulating a job
     process that survived SIGKILL): 5/5 jobs still succeed, each on a fresh pod, and no
     pod that reset unclean is ever used again."""
-    home = tmp_path / "unclean"
+    home = tmp_path / "home"
     server = start_broker(home, CATALOG, extra_env={"FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS": "1"})
     try:
         with server.client("deployer", Role.DEPLOY) as fp:
@@ -206,10 +206,10 @@ def test_a_log_not_yet_archived_when_the_broker_stopped_is_kept_by_the_next(
     the first broker; the next one keeps the log and acknowledges the attempt."""
     home = tmp_path / "home"
     monkeypatch.setattr(PodRecycler, "archive", lambda self, *args: None)
-    with in_process_broker(home, keep_pods=True) as (broker, url):
-        with Client(url, broker.auth.mint("dev", Role.DEPLOY, 3600)) as fp:
+    with threaded_broker(home, keep_pods=True) as served:
+        with served.client("dev", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="chatty", sku="cpu", entrypoint="behaviours:chatty")
-        with Client(url, broker.auth.mint("talker", Role.INVOKE, 3600)) as fp:
+        with served.client("talker") as fp:
             job = fp.invoke("chatty", "kept", lease_tag="t")
         pod = job["attempts"][-1]["pods"][0]
     monkeypatch.undo()

@@ -3,10 +3,8 @@ environment: user env filtered, system env not overridable, GPU env per job (A.4
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env, filter_user_env
 from tests.conftest import require_sandbox
+from tests.helpers import make_wheel
 from tests.pod_runtime.conftest import AgentProcess, make_zip
 
 PROBE = """
@@ -34,29 +33,6 @@ def plant(x):
     except OSError as exc:
         return type(exc).__name__
 """
-
-
-def make_wheel(directory: Path, value: str, extra: dict[str, bytes] | None = None) -> Path:
-    """A minimal pure-Python wheel ``demo_pkg`` whose ``VALUE`` is ``value``; ``extra``: more
-    files, installed at the top of the target as they are named."""
-    files = {
-        **(extra or {}),
-        "demo_pkg/__init__.py": f"VALUE = {value!r}\n".encode(),
-        "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
-        "demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n",
-    }
-    record = [
-        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
-        for name, data in files.items()
-    ]
-    files["demo_pkg-1.0.dist-info/RECORD"] = ("\n".join(record) + "\nRECORD,,\n").encode()
-    directory.mkdir(parents=True, exist_ok=True)
-    wheel = directory / "demo_pkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return wheel
 
 
 def blob(path: Path, text: str) -> dict[str, str]:
