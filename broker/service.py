@@ -66,8 +66,8 @@ def new_job_id() -> str:
 def check_function_env(env: Mapping[str, str]) -> None:
     """``InvalidRequest`` (field ``env``) for a variable the pod's agent would drop
     (``pod_runtime.jobenv.user_var_allowed``: a reserved name such as ``LD_PRELOAD``, a name
-    that is not an identifier, a value over 32 KiB) or more than 256 of them: they were
-    stored, then silently missing from every job (adversarial run, 3 of 3)."""
+    that is not an identifier, a value over 32 KiB) or more than 256 of them: otherwise they
+    would be stored, then silently missing from every job."""
     if len(env) > MAX_USER_VARS:
         raise InvalidRequest(
             f"env has {len(env)} variables; a job gets at most {MAX_USER_VARS}", field="env"
@@ -388,8 +388,8 @@ class Broker:
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an
         admin). Its queued jobs then fail ``NotFound`` when their turn comes (the dispatcher
-        reads the version again), as after a restart; running ones finish. (Before, they ran
-        on the deleted version unless the broker had restarted meanwhile.)"""
+        reads the version again), as after a restart, rather than run the deleted version;
+        running ones finish."""
         self._forget_latest(name)
         try:
             return await self.jobs.delete_function(name, caller)
@@ -409,8 +409,8 @@ class Broker:
     def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:
         """Refuse a job that could never be placed: ``NotFound`` if its function's pool is
         not in the catalog (removed since it was registered), ``Forbidden`` if it needs
-        more than its caller's own limits allow at once (a 2-pod gang for a ``max_pods: 1``
-        caller was accepted and queued forever, 2 idle pods kept for it: adversarial run)."""
+        more than its caller's own limits allow at once (otherwise a 2-pod gang for a
+        ``max_pods: 1`` caller would be accepted and queue forever, 2 idle pods kept for it)."""
         limits = self.catalog.limits_for(caller)
         pool = self.catalog.pools.get(spec.sku)
         if pool is None:  # registered under a catalog that had it

@@ -59,7 +59,7 @@ def _finite_seconds(name: str, text: str) -> float:
 
 def _interval(name: str, text: str) -> float:
     """Seconds > 0 and finite: a loop sleeps this long between passes, or waits this long for
-    something (0 made an idle broker spin a core: adversarial run)."""
+    something (0 would make an idle broker spin a core)."""
     value = _float(text)
     if not 0 < value < math.inf:
         raise _refuse(name, "a number of seconds > 0", text)
@@ -128,8 +128,8 @@ def _flag_or_auto(name: str, text: str) -> bool | None:
 
 def _http_url(name: str, text: str) -> str | None:
     """Empty: unset. Else an http:// or https:// URL with a host and no query: pods fetch
-    packages below it, and any other was accepted and then failed every job
-    ``PackageRejected`` (adversarial run)."""
+    packages below it, and any other would be accepted and then fail every job
+    ``PackageRejected``."""
     if not text:
         return None
     try:
@@ -145,8 +145,9 @@ def _http_url(name: str, text: str) -> str | None:
 def _store_url(name: str, text: str) -> str | None:
     """Empty: unset (SQLite in the home). Else a URL ``broker.store`` opens: SQLite or MySQL
     with an installed driver, and never an in-memory database (a broker's store must outlive
-    it; the store's lock even left a file named ``:memory:`` in the working directory). Each
-    was a traceback before (adversarial run). The URL is not echoed: it may hold a password."""
+    it; the store's lock would even leave a file named ``:memory:`` in the working
+    directory). Each is refused here with a clear error instead of a traceback at start. The
+    URL is not echoed: it may hold a password."""
     if not text:
         return None
     # Imported here: only a broker configured for another store pays for SQLAlchemy.

@@ -152,8 +152,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def queries(*allowed: str) -> Callable[[Handler], Handler]:
     """A route taking only the query parameters ``allowed`` (none if none are named): any
-    other is refused as ``UnknownField``, naming it, like an unknown body field. Before,
-    ``GET /v1/jobs?stat=RUNNING&limt=1`` listed every job (adversarial run)."""
+    other is refused as ``UnknownField``, naming it, like an unknown body field, so that
+    ``GET /v1/jobs?stat=RUNNING&limt=1`` does not silently list every job."""
 
     def wrap(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -267,8 +267,8 @@ async def create_function(request: Request) -> Response:
 
 FUNCTION_PRIVATE_FIELDS = ("env", "command", "package_digest", "requirements")
 """What only a function's owner (or an admin) sees of it: its environment holds secrets, its
-command may, and its digests name code that is theirs (the adversarial run read another
-caller's API token from ``env`` with an invoke-only token)."""
+command may, and its digests name code that is theirs (otherwise an invoke-only token could
+read another caller's API token from ``env``)."""
 
 
 def function_view(spec: FunctionSpec, principal: Principal) -> dict[str, Any]:
@@ -434,7 +434,7 @@ async def firepool_error(request: Request, exc: Exception) -> Response:
 
 async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (no such route, a method the route does not take) in the
-    API's JSON error form; they were ``text/plain``."""
+    API's JSON error form, not Starlette's ``text/plain``."""
     assert isinstance(exc, HTTPException)
     error = {"class": str(ErrorClass.INVALID_REQUEST), "message": exc.detail}
     if exc.status_code == 404:
@@ -445,7 +445,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
-    """An exception no handler expected, in the API's JSON error form (it was a bare 500
+    """An exception no handler expected, in the API's JSON error form (not a bare 500
     ``Internal Server Error``): a job store that fails (a full disk, a dropped connection)
     is ``Unavailable`` (503: try again), anything else ``InternalError`` (500), logged."""
     if isinstance(exc, SQLAlchemyError):
