@@ -19,7 +19,8 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from broker import PROCESS_STARTED
 from broker.agent_client import AgentClient
@@ -378,6 +379,31 @@ class Broker:
         if not await asyncio.to_thread(self.packages.exists, digest):
             return False
         return as_admin or await self.jobs.uploaded_by(digest, caller)
+
+    async def upload_package(
+        self, digest: str, chunks: AsyncIterator[bytes], caller: str, is_zip: bool
+    ) -> tuple[int, bool]:
+        """Store the bytes ``chunks`` yields under ``digest`` (streamed: one chunk in memory;
+        refused unless they hash to it, and, ``is_zip``, unless the pod's agent would extract
+        them) and record ``caller`` as one who uploaded them. Returns the size and whether
+        the bytes were new to the store."""
+        check = check_package_file if is_zip else None
+        with self.packages.upload(digest) as upload:
+            async for chunk in chunks:
+                upload.write(chunk)
+            created = await asyncio.to_thread(upload.commit, check)
+        await self.jobs.put_package(digest, upload.size, caller)
+        return upload.size, created
+
+    async def package_blob(self, digest: str, expires: int, sig: str) -> Path | BinaryIO:
+        """A package for a pod holding a signed URL: the store's own file where it keeps one,
+        else the bytes opened for reading (the caller closes them). ``Forbidden``/``Expired``
+        for a URL that does not check out, ``NotFound`` when the package is not stored."""
+        self.packages.check_url(digest, expires, sig, time.time())
+        path = self.packages.local_path(digest)
+        if path is not None:
+            return path
+        return await asyncio.to_thread(self.packages.open, digest)
 
     def _check_package(self, digest: str) -> None:
         """``PackageRejected`` unless the stored package is a zip the pod's agent will

@@ -6,13 +6,12 @@ Handlers only authenticate, decode strictly, call the broker and shape the answe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import io
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
@@ -24,7 +23,6 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from broker.jobs import Job
-from broker.package_check import check_package_file
 from broker.service import Broker, request_digest
 from functions.errors import (
     ErrorClass,
@@ -198,14 +196,10 @@ async def put_package(request: Request) -> Response:
         usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
         return Response(status_code=200 if usable else 404)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
-    check = check_package_file if is_zip else None
-    with broker.packages.upload(digest) as upload:  # streamed: one chunk in memory
-        async for chunk in body_chunks(request, broker.settings.max_body_bytes):
-            upload.write(chunk)
-        created = await asyncio.to_thread(upload.commit, check)
-    await broker.jobs.put_package(digest, upload.size, principal.caller)
+    chunks = body_chunks(request, broker.settings.max_body_bytes)
+    size, created = await broker.upload_package(digest, chunks, principal.caller, is_zip)
     return JSONResponse(
-        {"digest": digest, "size": upload.size, "created": created},
+        {"digest": digest, "size": size, "created": created},
         status_code=201 if created else 200,
     )
 
@@ -219,12 +213,9 @@ async def get_blob(request: Request) -> Response:
         expires = int(request.query_params.get("exp", ""))
     except ValueError:
         raise InvalidRequest("missing or bad exp", field="exp") from None
-    store = broker.packages
-    store.check_url(digest, expires, request.query_params.get("sig", ""), time.time())
-    path = store.local_path(digest)
-    if path is not None:  # sent from the file itself
-        return FileResponse(path, media_type="application/zip")
-    blob = await asyncio.to_thread(store.open, digest)  # NotFound when not stored
+    blob = await broker.package_blob(digest, expires, request.query_params.get("sig", ""))
+    if isinstance(blob, Path):  # sent from the store's own file
+        return FileResponse(blob, media_type="application/zip")
     size = blob.seek(0, io.SEEK_END)
     blob.seek(0)
     return StreamingResponse(
