@@ -44,11 +44,18 @@ def _pods(server: BrokerServer) -> list[dict]:
         return list(fp._http.get("/v1/pools?pods=1").json()["pod_list"])
 
 
-def test_actives_get_distinct_cards_and_jobs_see_only_theirs(gpu_broker: BrokerServer) -> None:
+def _hold_both_cards(server: BrokerServer) -> dict[str, dict]:
+    """Callers ``gpu-a`` and ``gpu-b`` each run a job held for them (tag ``t``): the two
+    active pods, one per card, stay theirs. Returns each caller's job."""
     jobs = {}
     for caller in ("gpu-a", "gpu-b"):
-        with gpu_broker.client(caller) as fp:
+        with server.client(caller) as fp:
             jobs[caller] = fp.invoke("gpu-env", None, lease_tag="t")
+    return jobs
+
+
+def test_actives_get_distinct_cards_and_jobs_see_only_theirs(gpu_broker: BrokerServer) -> None:
+    jobs = _hold_both_cards(gpu_broker)
     cards = {c: j["output"]["CUDA_VISIBLE_DEVICES"] for c, j in jobs.items()}
     assert set(cards.values()) == {"GPU-fake-0", "GPU-fake-1"}
     pods = {p["name"]: p for p in _pods(gpu_broker)}
@@ -61,6 +68,7 @@ def test_actives_get_distinct_cards_and_jobs_see_only_theirs(gpu_broker: BrokerS
 def test_standbys_share_their_actives_card_count_once_and_are_not_promoted_unverified(
     gpu_broker: BrokerServer,
 ) -> None:
+    _hold_both_cards(gpu_broker)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         pods = [p for p in _pods(gpu_broker) if p["sku"] == "h200"]
