@@ -61,9 +61,9 @@ def claim_cold_locked(
         return None
     pod, path, reason = picked
     index.lease_locked(pod, req.job_id, path, now)
-    mark_taken(pod, path)
+    mark_taken_locked(pod, path)
     retired = sessions.end_prior_locked(index, req, now) if spec.tag_mode == "switch" else []
-    if pod.gpu is not None:  # after the switch: its parked pods are found in their buckets
+    if pod.gpu is not None:  # after the switch, which finds the caller's pods in buckets
         index.close_gate_locked(pod, pod.gpu)
     return Claimed((pod,), path, reason, (pod.name,) if path == "standby" else (), retired)
 
@@ -80,7 +80,7 @@ def claim_many_locked(
     for pod, path, why in picked:
         index.lease_locked(pod, req.job_id, path, now)
         if path != "warm":
-            mark_taken(pod, path)
+            mark_taken_locked(pod, path)
         if req.single_use:
             pod.single_use = True
         if pod.gpu is not None:
@@ -169,7 +169,7 @@ def pick_many_locked(index: PodIndex, req: ClaimRequest, hint: bool) -> list[Pic
     return None
 
 
-def mark_taken(pod: PodInfo, path: str) -> None:
+def mark_taken_locked(pod: PodInfo, path: str) -> None:
     """What taking ``pod`` by ``path`` commits it to."""
     if path == "recycled":
         pod.retire_after = True  # across a session boundary: this job, then retire

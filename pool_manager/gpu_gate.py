@@ -68,7 +68,7 @@ def leave_group_locked(index: PodIndex, ledger: BudgetLedger, spec: PoolSpec, po
         ledger.release(spec.accelerator, spec.units_per_pod)
 
 
-def may_stage_standby(index: PodIndex, pod: PodInfo) -> bool:
+def may_stage_standby_locked(index: PodIndex, pod: PodInfo) -> bool:
     """Whether a planned standby still has a group to join: its card's last pod may have
     left between the plan and the create, releasing the card's units."""
     return pod.gpu is None or pod.gpu in index.cards

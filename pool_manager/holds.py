@@ -1,48 +1,26 @@
-"""Owner holds (paper §4, §5): what a released pod becomes, and when a hold ends.
+"""Owner holds (paper §4, §5): a used pod waits, idle, for its own caller only.
 
-When a job ends, each of its pods is either *held* (idle, claimable by the same caller only,
-in its session's bucket, until ``now + hold_s``) or retired, for the first of these reasons:
+A hold starts when a job ends clean with no reason to retire its pod (``Tracker.release``
+decides, on the release hot path, and lists the reasons): the pod goes back to its caller's
+session bucket until ``hold_until = now + hold_s``. No other caller ever sees it (the owner
+is part of the bucket key). The hold ends when:
 
-``unclean_reset``     the agent's reset could not verify the job's processes dead
-``session_boundary``  the pod crossed a session boundary for this job (``recycled``), or the
-                      caller has switched sessions since (``tag_mode: switch``)
-``single_use``        it ran a single-use job
-``stale_template``    its pool moved to another template
-``no_owner_hold``     the pool holds no pod for its owner (``hold_s`` 0)
+* its caller's next job of that session takes the pod (``warm``), or a job of another of
+  its sessions does rather than wait (``recycled``: that job, then the pod retires);
+* it expires (``expire_locked``, every scaler pass): the pod retires, ``hold_expired``;
+* the scaler breaks it for queued jobs blocked at the pool's ceiling (``scaler.plan``:
+  oldest hold first, past ``hold_min_tenure_s``): the pod retires, ``hold_broken``.
 
-A hold that ends retires the pod: it is never handed to another caller (owner-only reuse).
-Holds end early only when the scaler breaks them (``scaler.plan``, ``hold_broken``).
-
-Pure decisions over the ``PodIndex``; the functions ending in ``_locked`` assume the
-tracker's lock is held.
+Functions over the ``PodIndex``; those ending in ``_locked`` assume the tracker's lock.
 """
 
 from __future__ import annotations
 
-from pool_manager.catalog import PoolSpec
 from pool_manager.model import DeletePod, PodInfo
 from pool_manager.pod_index import PodIndex
 
 
-def release_verdict(
-    pod: PodInfo, spec: PoolSpec, hold_s: float, clean: bool, left_session: bool
-) -> str | None:
-    """Why ``pod`` retires now that its job ended, or ``None``: it is held for its owner.
-    ``left_session``: the job's caller switched away from the job's session."""
-    if not clean:
-        return "unclean_reset"
-    if pod.retire_after or left_session:
-        return "session_boundary"
-    if pod.single_use:
-        return "single_use"
-    if pod.template != spec.template:
-        return "stale_template"
-    if hold_s <= 0:
-        return "no_owner_hold"
-    return None
-
-
-def settle_idle(pod: PodInfo, hold_s: float, now: float) -> None:
+def settle_idle_locked(pod: PodInfo, hold_s: float, now: float) -> None:
     """Fill in the times of a pod found (not made) idle: when it went idle and, for a used
     one, when its owner hold ends (a hold that never ends would never retire)."""
     if pod.released_at is None:
@@ -52,7 +30,7 @@ def settle_idle(pod: PodInfo, hold_s: float, now: float) -> None:
 
 
 def expire_locked(index: PodIndex, now: float) -> list[DeletePod]:
-    """Retire every idle pod whose owner hold ended by ``now``, parked ones included."""
+    """Retire every idle pod whose owner hold ended by ``now`` (parked ones included)."""
     out: list[DeletePod] = []
     for pod in index.expired_holds_locked(now):
         if index.retire_locked(pod, "hold_expired", now):

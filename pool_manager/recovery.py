@@ -29,7 +29,7 @@ from pool_manager.budgets import BudgetLedger
 from pool_manager.caller_usage import CallerUsage
 from pool_manager.catalog import PoolSpec
 from pool_manager.gpu_gate import join_group_locked
-from pool_manager.holds import settle_idle
+from pool_manager.holds import settle_idle_locked
 from pool_manager.model import ClaimRequest, DeletePod, PodInfo
 from pool_manager.pod_index import PodIndex, gpus_per_pod
 from pool_manager.states import PodState
@@ -97,6 +97,6 @@ def restore_locked(
             usage.add_locked(req.caller, n, n * gpus_per_pod(specs[first.sku]))
     for pod in kept:
         if pod.state is _IDLE:
-            settle_idle(pod, specs[pod.sku].hold_s, now)
+            settle_idle_locked(pod, specs[pod.sku].hold_s, now)
             index.offer_locked(pod)
     return orphans, leases

@@ -40,8 +40,8 @@ from pool_manager.budgets import BudgetLedger
 from pool_manager.caller_usage import CallerUsage
 from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.claim_policy import Sessions, claim_cold_locked, claim_many_locked
-from pool_manager.gpu_gate import join_group_locked, leave_group_locked, may_stage_standby
-from pool_manager.holds import expire_locked, settle_idle
+from pool_manager.gpu_gate import join_group_locked, leave_group_locked, may_stage_standby_locked
+from pool_manager.holds import expire_locked, settle_idle_locked
 from pool_manager.model import (
     Action,
     ClaimRequest,
@@ -120,7 +120,7 @@ class Tracker:
         """
         with self._lock:
             index = self._index
-            if reserved and pod.role != "active" and not may_stage_standby(index, pod):
+            if reserved and pod.role != "active" and not may_stage_standby_locked(index, pod):
                 return False
             if pod.name in index.pods:
                 raise ValueError(f"pod {pod.name!r} is already tracked")
@@ -133,7 +133,7 @@ class Tracker:
             index.add_locked(pod)
             join_group_locked(index, self.ledger, spec, pod, reserved=reserved)
             if pod.state is _IDLE:
-                settle_idle(pod, spec.hold_s, now)
+                settle_idle_locked(pod, spec.hold_s, now)
                 index.offer_locked(pod)
             return True
 
