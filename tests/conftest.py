@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.launch import sandbox_status
+from tests.helpers import ThreadedBroker, threaded_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
@@ -35,6 +38,28 @@ __all__ = [
     "require_sandbox",
     "scratch_database",
 ]
+
+# -- pytest-xdist: a worker's temporary directories go under a short directory of its own,
+# /tmp/pytest-gw0-<random>, instead of <basetemp>/popen-gw0/: a broker's home is often under a
+# test's tmp_path, and a local pod listens on <home>/pods/<pod>/agent.sock, a path the kernel
+# limits to 108 bytes (a longer one and every pod dies before it is ready). Removed when the
+# worker's tests all passed, kept for a look otherwise (as tmp_path_retention_policy keeps
+# the directories of a failed run).
+_SHORT_BASETEMP = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and config.option.basetemp:
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"pytest-{worker}-")
+        config.stash[_SHORT_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    short = session.config.stash.get(_SHORT_BASETEMP, None)
+    if short is not None and exitstatus == 0:
+        shutil.rmtree(short, ignore_errors=True)
+
 
 # -- MySQL: tests read FIREPOOL_TEST_MYSQL_URL (a server URL; its database part is ignored) and
 # skip with a visible reason without it; with FIREPOOL_REQUIRE_MYSQL=1 (CI) they fail instead.
@@ -152,7 +177,7 @@ def wait_running(fp: Client, job_id: str, timeout_s: float = 60.0) -> dict[str, 
     return job
 
 
-def deploy_examples(server: BrokerServer, names: dict[str, str]) -> None:
+def deploy_examples(server: BrokerServer | ThreadedBroker, names: dict[str, str]) -> None:
     with server.client("deployer", Role.DEPLOY) as fp:
         for name, entrypoint in names.items():
             fp.deploy(EXAMPLES / name, name=name, sku="cpu", entrypoint=entrypoint, timeout_s=30)
@@ -170,12 +195,28 @@ def running_broker(home: Path, catalog: str) -> Iterator[BrokerServer]:
         kill_pods(home)
 
 
+SHARED_CATALOG = (
+    "budgets: {cpu: 16}\n"
+    "pools:\n"
+    "  cpu: {min_count: 1, max_idle_count: 2, max_count: 8, idle_timeout_s: 120}\n"
+)
+"""The pools of the brokers a test module shares (``broker_server``, ``fake_pod_broker``)."""
+
+
 @pytest.fixture(scope="module")
 def broker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerServer]:
-    catalog = (
-        "budgets: {cpu: 16}\n"
-        "pools:\n"
-        "  cpu: {min_count: 1, max_idle_count: 2, max_count: 8, idle_timeout_s: 120}\n"
-    )
-    with running_broker(tmp_path_factory.mktemp("firepool"), catalog) as server:
+    """A broker process on real pods, ``noop`` deployed, shared by the module's tests."""
+    with running_broker(tmp_path_factory.mktemp("firepool"), SHARED_CATALOG) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fake_pod_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedBroker]:
+    """The same broker in this process on fake pods, ``noop`` deployed, shared by the
+    module's tests: for tests of the HTTP edge (requests, auth, errors, registration, job
+    records) that need no pod process (``pool_manager/backends/fake.py`` lists what fake pods
+    do not emulate)."""
+    home = tmp_path_factory.mktemp("fake")
+    with threaded_broker(home, SHARED_CATALOG, backend="fake") as server:
+        deploy_examples(server, {"noop": "noop:noop"})
         yield server

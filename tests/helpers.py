@@ -1,10 +1,13 @@
 """Helpers shared by test modules (fixtures live in the conftest files).
 
-``threaded_broker``: the real broker served by uvicorn in a thread of the test process, on
-real local pods, for tests that patch a part of the broker to inject a fault (the broker
-processes of ``gateway.harness`` cannot be patched from outside; ``tests/inprocess.py`` is
-the faster broker on fake pods for tests that need no real pod). ``make_wheel``: a tiny wheel
-for dependency installs.
+``threaded_broker``: the real broker served by uvicorn in a thread of the test process, over
+real HTTP on loopback. On local pods, it is for tests that patch a part of the broker to
+inject a fault (the broker processes of ``gateway.harness`` cannot be patched from outside);
+on fake pods (``backend="fake"``, ``pool_manager/backends/fake.py`` lists what they do not
+emulate), it serves the HTTP-edge tests without a broker process or a process per pod, and
+with the SDK's own client (``tests/inprocess.py`` is the same broker over
+``httpx.ASGITransport``, for async tests). ``make_wheel``: a tiny wheel for dependency
+installs.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import hashlib
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
 
 from broker.service import Broker
 from broker.settings import Settings
@@ -27,35 +32,66 @@ from functions.sdk import Client
 from gateway.app import create_app
 from gateway.auth import Authenticator, Role
 from gateway.harness import free_port, kill_pods
+from pool_manager.backends.fake import FakeBackend
 
 
 @dataclass
 class ThreadedBroker:
+    """A broker served in this process (``threaded_broker``); its interface matches the
+    subprocess ``gateway.harness.BrokerServer`` where a test needs no process of its own."""
+
     broker: Broker
     """The running broker, for a test to patch or read what HTTP cannot show."""
     url: str
 
-    def token(self, caller: str, role: Role = Role.INVOKE) -> str:
-        """A token for ``caller`` with ``role``, valid for an hour, from the broker's key."""
-        return Authenticator(self.broker.signing_key).mint(caller, role, 3600)
+    @property
+    def home(self) -> Path:
+        return self.broker.settings.home
+
+    @property
+    def auth(self) -> Authenticator:
+        return Authenticator(self.broker.signing_key, self.broker.settings.audience)
+
+    def token(self, caller: str, role: Role = Role.INVOKE, ttl_s: int = 3600) -> str:
+        """A token for ``caller`` with ``role`` from the broker's key."""
+        return self.auth.mint(caller, role, ttl_s)
 
     def client(self, caller: str, role: Role = Role.INVOKE) -> Client:
         """An SDK client for ``caller`` with ``role``."""
         return Client(self.url, self.token(caller, role), timeout=60)
 
 
+ONE_CPU_POOL = "pools:\n  cpu: {min_count: 0, max_count: 4}\n"
+
+
 @contextlib.contextmanager
-def threaded_broker(home: Path, keep_pods: bool = False) -> Iterator[ThreadedBroker]:
-    """A broker with one CPU pool (at most 4 pods, none kept idle) served by uvicorn in a
-    thread; stopped, and its pods killed (unless ``keep_pods``, for a broker started after it
-    on ``home``), afterwards."""
-    catalog = home / "catalog.yaml"
+def threaded_broker(
+    home: Path, catalog: str = ONE_CPU_POOL, keep_pods: bool = False, **settings: Any
+) -> Iterator[ThreadedBroker]:
+    """A broker (``catalog``: its pool catalog's YAML; ``settings``: more ``Settings``
+    fields, ``backend="fake"`` for fake pods) served by uvicorn on a loopback port in a
+    thread of this process. Stopped afterwards, and its pods with it: local pods are killed
+    unless ``keep_pods`` (for a broker started after it on ``home``); fake pods, which live in
+    the server's event loop, are always stopped there."""
     home.mkdir(parents=True, exist_ok=True)
-    catalog.write_text("pools:\n  cpu: {min_count: 0, max_count: 4}\n")
-    settings = Settings(home=home, port=free_port(), catalog_path=catalog)
-    broker = Broker(settings)
+    (home / "catalog.yaml").write_text(catalog)
+    settings.setdefault("catalog_path", home / "catalog.yaml")
+    broker = Broker(Settings(home=home, port=free_port(), **settings))
+    app = create_app(broker)
+    serve = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            async with serve(app):
+                yield
+        finally:
+            if isinstance(broker.backend, FakeBackend):
+                await broker.backend.shutdown()
+
+    app.router.lifespan_context = lifespan
     config = uvicorn.Config(
-        create_app(broker), host=settings.host, port=settings.port, log_level="warning"
+        app, host=broker.settings.host, port=broker.settings.port, log_level="warning"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="broker", daemon=True)
@@ -63,13 +99,13 @@ def threaded_broker(home: Path, keep_pods: bool = False) -> Iterator[ThreadedBro
     deadline = time.monotonic() + 60
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the broker did not start"
-        time.sleep(0.02)
+        time.sleep(0.01)
     try:
-        yield ThreadedBroker(broker, settings.resolved_public_url)
+        yield ThreadedBroker(broker, broker.settings.resolved_public_url)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-        if not keep_pods:
+        if not keep_pods and not isinstance(broker.backend, FakeBackend):
             kill_pods(home)
 
 

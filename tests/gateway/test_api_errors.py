@@ -14,7 +14,8 @@ import pytest
 from functions.errors import InvalidRequest
 from functions.sdk import ApiError, Client
 from gateway.auth import Role
-from tests.conftest import EXAMPLES, BrokerServer
+from tests.conftest import EXAMPLES
+from tests.helpers import ThreadedBroker
 
 
 def _zip(entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> bytes:
@@ -38,14 +39,16 @@ def _non_utf8_name_zip() -> bytes:
     return raw.replace("\u00e9\u00e9".encode(), b"\xff\xfe\xff\xfe")  # same length
 
 
-def _http(server: BrokerServer, caller: str = "err-user", role: Role = Role.INVOKE) -> httpx.Client:
+def _http(
+    server: ThreadedBroker, caller: str = "err-user", role: Role = Role.INVOKE
+) -> httpx.Client:
     return httpx.Client(
         base_url=server.url, headers={"Authorization": f"Bearer {server.token(caller, role)}"}
     )
 
 
-def test_an_unknown_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
-    with _http(broker_server) as http:
+def test_an_unknown_field_is_rejected_with_its_name(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker) as http:
         resp = http.post("/v1/functions/noop:invoke", json={"input": 1, "lease_tga": "x"})
     assert resp.status_code == 400
     assert resp.json()["error"] == {
@@ -55,8 +58,8 @@ def test_an_unknown_field_is_rejected_with_its_name(broker_server: BrokerServer)
     }
 
 
-def test_a_wrongly_typed_field_is_rejected_with_its_name(broker_server: BrokerServer) -> None:
-    with _http(broker_server) as http:
+def test_a_wrongly_typed_field_is_rejected_with_its_name(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker) as http:
         resp = http.post("/v1/functions/noop:invoke", json={"input": 1, "priority": "high"})
     assert resp.status_code == 400
     assert resp.json()["error"]["field"] == "priority"
@@ -64,24 +67,24 @@ def test_a_wrongly_typed_field_is_rejected_with_its_name(broker_server: BrokerSe
 
 @pytest.mark.parametrize("header", [None, "Bearer", "Bearer not-a-jwt", "Basic abc"])
 def test_a_missing_or_malformed_token_is_Unauthorized(
-    broker_server: BrokerServer, header: str | None
+    fake_pod_broker: ThreadedBroker, header: str | None
 ) -> None:
     headers = {"Authorization": header} if header else {}
     resp = httpx.post(
-        f"{broker_server.url}/v1/functions/noop:invoke", json={"input": 1}, headers=headers
+        f"{fake_pod_broker.url}/v1/functions/noop:invoke", json={"input": 1}, headers=headers
     )
     assert resp.status_code == 401
     assert resp.json()["error"]["class"] == "Unauthorized"
 
 
-def test_an_expired_token_is_Unauthorized(broker_server: BrokerServer) -> None:
-    token = broker_server.auth.mint("late", Role.INVOKE, ttl_s=-10)
-    resp = httpx.get(f"{broker_server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+def test_an_expired_token_is_Unauthorized(fake_pod_broker: ThreadedBroker) -> None:
+    token = fake_pod_broker.auth.mint("late", Role.INVOKE, ttl_s=-10)
+    resp = httpx.get(f"{fake_pod_broker.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
     assert resp.status_code == 401
     assert "expired" in resp.json()["error"]["message"]
 
 
-def test_a_forged_token_is_Unauthorized(broker_server: BrokerServer) -> None:
+def test_a_forged_token_is_Unauthorized(fake_pod_broker: ThreadedBroker) -> None:
     forged = jwt.encode(
         {"sub": "mallory", "aud": "firepool", "exp": 2**31, "role": "admin"},
         b"0" * 32,
@@ -92,13 +95,13 @@ def test_a_forged_token_is_Unauthorized(broker_server: BrokerServer) -> None:
     )
     for token in (forged, none_alg):
         resp = httpx.get(
-            f"{broker_server.url}/v1/pools", headers={"Authorization": f"Bearer {token}"}
+            f"{fake_pod_broker.url}/v1/pools", headers={"Authorization": f"Bearer {token}"}
         )
         assert resp.status_code == 401, token
 
 
-def test_an_invoke_token_cannot_deploy_or_read_pools(broker_server: BrokerServer) -> None:
-    with _http(broker_server) as http:
+def test_an_invoke_token_cannot_deploy_or_read_pools(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker) as http:
         assert http.get("/v1/pools").status_code == 403
         resp = http.post(
             "/v1/functions", json={"name": "x", "sku": "cpu", "package_digest": "0" * 64}
@@ -107,27 +110,27 @@ def test_an_invoke_token_cannot_deploy_or_read_pools(broker_server: BrokerServer
     assert resp.json()["error"]["class"] == "Forbidden"
 
 
-def test_an_unknown_function_is_NotFound(broker_server: BrokerServer) -> None:
-    with _http(broker_server) as http:
+def test_an_unknown_function_is_NotFound(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker) as http:
         resp = http.post("/v1/functions/no-such-fn:invoke", json={"input": 1})
     assert resp.status_code == 404
     assert resp.json()["error"]["class"] == "NotFound"
 
 
-def test_another_callers_job_is_invisible(broker_server: BrokerServer) -> None:
-    with broker_server.client("owner-1") as fp:
+def test_another_callers_job_is_invisible(fake_pod_broker: ThreadedBroker) -> None:
+    with fake_pod_broker.client("owner-1") as fp:
         job = fp.invoke("noop", 1)
-    with _http(broker_server, "snooper") as http:
+    with _http(fake_pod_broker, "snooper") as http:
         resp = http.get(f"/v1/jobs/{job['id']}")
     assert resp.status_code == 404
 
 
 def test_a_package_whose_bytes_do_not_match_the_digest_is_rejected_and_not_stored(
-    broker_server: BrokerServer,
+    fake_pod_broker: ThreadedBroker,
 ) -> None:
     data = _zip([("a.py", b"x = 1\n")])
     wrong = hashlib.sha256(b"something else").hexdigest()
-    with _http(broker_server, role=Role.DEPLOY) as http:
+    with _http(fake_pod_broker, role=Role.DEPLOY) as http:
         resp = http.put(
             f"/v1/packages/{wrong}", content=data, headers={"Content-Type": "application/zip"}
         )
@@ -149,10 +152,10 @@ def test_a_package_whose_bytes_do_not_match_the_digest_is_rejected_and_not_store
     ids=["dotdot", "absolute", "backslash", "symlink", "non-utf8-name", "not-a-zip"],
 )
 def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
-    broker_server: BrokerServer, archive: bytes
+    fake_pod_broker: ThreadedBroker, archive: bytes
 ) -> None:
     digest = hashlib.sha256(archive).hexdigest()
-    with _http(broker_server, role=Role.DEPLOY) as http:
+    with _http(fake_pod_broker, role=Role.DEPLOY) as http:
         resp = http.put(
             f"/v1/packages/{digest}", content=archive, headers={"Content-Type": "application/zip"}
         )
@@ -168,13 +171,13 @@ def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
 
 
 def test_a_bad_zip_uploaded_as_plain_bytes_is_refused_when_registered(
-    broker_server: BrokerServer,
+    fake_pod_broker: ThreadedBroker,
 ) -> None:
     """Bytes uploaded without ``application/zip`` are stored unchecked (a requirements file);
     naming them as a function's package checks them then."""
     archive = _non_utf8_name_zip()
     digest = hashlib.sha256(archive).hexdigest()
-    with _http(broker_server, role=Role.DEPLOY) as http:
+    with _http(fake_pod_broker, role=Role.DEPLOY) as http:
         put = http.put(f"/v1/packages/{digest}", content=archive)
         assert put.status_code == 201, put.text
         reg = http.post(
@@ -186,17 +189,17 @@ def test_a_bad_zip_uploaded_as_plain_bytes_is_refused_when_registered(
 
 @pytest.mark.parametrize("field", ["name", "entrypoint", "package_digest"])
 def test_a_trailing_newline_does_not_pass_a_pattern(
-    broker_server: BrokerServer, field: str
+    fake_pod_broker: ThreadedBroker, field: str
 ) -> None:
     body = {"name": "nl", "sku": "cpu", "package_digest": "0" * 64, "entrypoint": "noop:noop"}
     body[field] += "\n"
-    with _http(broker_server, role=Role.DEPLOY) as http:
+    with _http(fake_pod_broker, role=Role.DEPLOY) as http:
         reg = http.post("/v1/functions", json=body)
     assert reg.status_code == 400 and reg.json()["error"]["field"] == field, reg.text
 
 
-def test_idempotency_key_same_body_same_job_other_body_422(broker_server: BrokerServer) -> None:
-    with _http(broker_server, "idem-caller") as http:
+def test_idempotency_key_same_body_same_job_other_body_422(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker, "idem-caller") as http:
         headers = {"Idempotency-Key": "k-1"}
         a = http.post("/v1/functions/noop/jobs", json={"input": 1}, headers=headers)
         b = http.post("/v1/functions/noop/jobs", json={"input": 1}, headers=headers)
@@ -207,8 +210,8 @@ def test_idempotency_key_same_body_same_job_other_body_422(broker_server: Broker
     assert c.json()["error"]["class"] == "IdempotencyMismatch"
 
 
-def test_an_oversized_body_is_refused_with_TooLarge(broker_server: BrokerServer) -> None:
-    with _http(broker_server, "big") as http:
+def test_an_oversized_body_is_refused_with_TooLarge(fake_pod_broker: ThreadedBroker) -> None:
+    with _http(fake_pod_broker, "big") as http:
         resp = http.post(
             "/v1/functions/noop:invoke", content=b'{"input": "' + b"x" * (17 * 1024 * 1024) + b'"}'
         )
@@ -216,10 +219,12 @@ def test_an_oversized_body_is_refused_with_TooLarge(broker_server: BrokerServer)
     assert resp.json()["error"]["class"] == "TooLarge"
 
 
-def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(broker_server: BrokerServer) -> None:
+def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(
+    fake_pod_broker: ThreadedBroker,
+) -> None:
     """``Client.cancel("../functions/NAME")`` was ``DELETE /v1/functions/NAME`` once httpx had
     collapsed the dots: ``firepool cancel`` deleted a function (adversarial run)."""
-    with broker_server.client("walker", Role.DEPLOY) as fp:
+    with fake_pod_broker.client("walker", Role.DEPLOY) as fp:
         fp.deploy(EXAMPLES / "noop", name="walked", sku="cpu", entrypoint="noop:noop")
         with pytest.raises(InvalidRequest):  # a "/" is in no id or name
             fp.cancel("../functions/walked")

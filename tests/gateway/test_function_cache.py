@@ -11,17 +11,18 @@ import httpx
 
 from functions.packaging import package_digest
 from gateway.auth import Role
-from tests.conftest import EXAMPLES, BrokerServer
+from tests.conftest import EXAMPLES
+from tests.helpers import ThreadedBroker
 
 
 async def test_a_function_deleted_while_it_is_being_read_stays_deleted(
-    broker_server: BrokerServer,
+    fake_pod_broker: ThreadedBroker,
 ) -> None:
-    token = broker_server.token("cache-dev", Role.DEPLOY)
+    token = fake_pod_broker.token("cache-dev", Role.DEPLOY)
     headers = {"Authorization": f"Bearer {token}"}
-    with broker_server.client("cache-dev", Role.DEPLOY) as fp:  # the package is theirs too
+    with fake_pod_broker.client("cache-dev", Role.DEPLOY) as fp:  # the package is theirs too
         digest = fp.upload(package_digest(EXAMPLES / "noop")[1])
-    async with httpx.AsyncClient(base_url=broker_server.url, headers=headers, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=fake_pod_broker.url, headers=headers, timeout=60) as c:
 
         def body(name: str) -> dict[str, str]:
             return {"name": name, "sku": "cpu", "package_digest": digest, "entrypoint": "noop:noop"}

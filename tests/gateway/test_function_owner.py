@@ -9,14 +9,14 @@ import pytest
 
 from functions.sdk import ApiError
 from gateway.auth import Role
-from gateway.harness import BrokerServer
 from tests.conftest import EXAMPLES
+from tests.helpers import ThreadedBroker
 
 
-def test_only_the_owner_or_an_admin_changes_a_function(broker_server: BrokerServer) -> None:
-    with broker_server.client("owner-alice", Role.DEPLOY) as alice:
+def test_only_the_owner_or_an_admin_changes_a_function(fake_pod_broker: ThreadedBroker) -> None:
+    with fake_pod_broker.client("owner-alice", Role.DEPLOY) as alice:
         alice.deploy(EXAMPLES / "noop", name="owned", sku="cpu", entrypoint="noop:noop")
-    with broker_server.client("owner-bob", Role.DEPLOY) as bob:
+    with fake_pod_broker.client("owner-bob", Role.DEPLOY) as bob:
         with pytest.raises(ApiError) as replaced:
             bob.deploy(EXAMPLES / "noop", name="owned", sku="cpu", entrypoint="noop:noop")
         with pytest.raises(ApiError) as deleted:
@@ -25,12 +25,12 @@ def test_only_the_owner_or_an_admin_changes_a_function(broker_server: BrokerServ
     for refused in (replaced.value, deleted.value):
         assert (refused.status, refused.error_class) == (403, "Forbidden"), refused
         assert "belongs to 'owner-alice'" in refused.message
-    with broker_server.client("owner-ops", Role.ADMIN) as ops:
+    with fake_pod_broker.client("owner-ops", Role.ADMIN) as ops:
         assert ops.delete_function("owned") == {"deleted": "owned"}
 
 
 def test_a_function_s_secrets_and_code_are_its_owner_s(
-    broker_server: BrokerServer, tmp_path: Path
+    fake_pod_broker: ThreadedBroker, tmp_path: Path
 ) -> None:
     """Adversarial run (4 of 4): an invoke-only token read every caller's function ``env``
     (an API token among them) and package digests; another deployer registered a function
@@ -39,12 +39,12 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
     code = tmp_path / "secret"
     code.mkdir()
     (code / "secret_fn.py").write_text("SOURCE = 'alice-only'\ndef run(x):\n    return x\n")
-    with broker_server.client("pkg-alice", Role.DEPLOY) as alice:
+    with fake_pod_broker.client("pkg-alice", Role.DEPLOY) as alice:
         mine = alice.deploy(code, name="alice-secret", sku="cpu", entrypoint="secret_fn:run",
                             env={"ALICE_API_TOKEN": "s3cret"})  # fmt: skip
         assert alice.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}
     digest = mine["package_digest"]
-    with broker_server.client("pkg-carol") as carol:
+    with fake_pod_broker.client("pkg-carol") as carol:
         seen = [carol.function("alice-secret")] + [
             f for f in carol.functions() if f["name"] == "alice-secret"
         ]
@@ -52,7 +52,7 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
     for view in seen:
         assert view["owner"] == "pkg-alice" and view["entrypoint"] == "secret_fn:run"
         assert not {"env", "command", "package_digest", "requirements"} & view.keys(), view
-    with broker_server.client("pkg-bob", Role.DEPLOY) as bob:
+    with fake_pod_broker.client("pkg-bob", Role.DEPLOY) as bob:
         assert bob._http.head(f"/v1/packages/{digest}").status_code == 404
         with pytest.raises(ApiError) as stolen:
             bob._request("POST", "/v1/functions", json={
@@ -63,5 +63,5 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
         # Whoever has the bytes may use them: uploading them makes them Bob's too.
         bob.deploy(code, name="bob-has-it", sku="cpu", entrypoint="secret_fn:run")
         assert bob._http.head(f"/v1/packages/{digest}").status_code == 200
-    with broker_server.client("pkg-ops", Role.ADMIN) as ops:
+    with fake_pod_broker.client("pkg-ops", Role.ADMIN) as ops:
         assert ops.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}

@@ -19,7 +19,8 @@ from broker.service import Broker
 from broker.settings import Settings
 from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app
 from gateway.auth import Role
-from tests.conftest import BEHAVIOURS, BrokerServer
+from tests.conftest import BEHAVIOURS
+from tests.helpers import ThreadedBroker
 
 INTERNAL = {"/openapi.json"}  # the schema itself
 
@@ -99,8 +100,8 @@ def test_a_function_names_exactly_one_of_entrypoint_and_command() -> None:
     assert not validator.is_valid(base)
 
 
-def test_a_405_names_the_methods_the_path_has(broker_server: BrokerServer) -> None:
-    with httpx.Client(base_url=broker_server.url) as http:
+def test_a_405_names_the_methods_the_path_has(fake_pod_broker: ThreadedBroker) -> None:
+    with httpx.Client(base_url=fake_pod_broker.url) as http:
         listing = http.request("OPTIONS", "/v1/functions")
         invoke = http.put("/v1/functions/noop:invoke")
     assert listing.status_code == 405 and {"GET", "POST"} <= _allow(listing)
@@ -118,9 +119,11 @@ def test_both_answers_of_a_package_upload_are_declared() -> None:
     assert responses["200"]["content"] == responses["201"]["content"]
 
 
-def test_a_405_and_an_unknown_route_answer_in_the_error_form(broker_server: BrokerServer) -> None:
+def test_a_405_and_an_unknown_route_answer_in_the_error_form(
+    fake_pod_broker: ThreadedBroker,
+) -> None:
     """Both were ``text/plain`` ("Method Not Allowed"), outside the declared Error schema."""
-    with httpx.Client(base_url=broker_server.url) as http:
+    with httpx.Client(base_url=fake_pod_broker.url) as http:
         wrong = http.put("/v1/functions/noop:invoke")
         nowhere = http.get("/v1/nowhere")
     for resp, cls in ((wrong, "InvalidRequest"), (nowhere, "NotFound")):
@@ -128,12 +131,12 @@ def test_a_405_and_an_unknown_route_answer_in_the_error_form(broker_server: Brok
         assert resp.json()["error"]["class"] == cls, resp.text
 
 
-def test_job_records_match_the_declared_job_schema(broker_server: BrokerServer) -> None:
+def test_job_records_match_the_declared_job_schema(fake_pod_broker: ThreadedBroker) -> None:
     """The job record was declared ``{"type": "object"}``: none of its fields."""
     schema = {**OPENAPI["components"]["schemas"]["Job"], "components": OPENAPI["components"]}
-    with broker_server.client("schema-dev", Role.DEPLOY) as fp:
+    with fake_pod_broker.client("schema-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="schema-boom", sku="cpu", entrypoint="behaviours:fail")
-    with broker_server.client("schema-user") as fp:
+    with fake_pod_broker.client("schema-user") as fp:
         ok = fp.invoke("noop", {"x": 1}, lease_tag="s")
         failed = fp.invoke("schema-boom", "x", lease_tag="s")
         listed = fp.jobs()
@@ -150,11 +153,11 @@ def test_job_records_match_the_declared_job_schema(broker_server: BrokerServer) 
      ("/healthz?x=1", "x"), ("/metrics?x=1", "x"), ("/openapi.json?x=1", "x")],
 )  # fmt: skip
 def test_an_unknown_query_parameter_is_refused_by_name(
-    broker_server: BrokerServer, path: str, name: str
+    fake_pod_broker: ThreadedBroker, path: str, name: str
 ) -> None:
     """``GET /v1/jobs?stat=RUNNING&limt=1`` listed every job, the typos ignored."""
-    token = broker_server.token("query-typo")
-    with httpx.Client(base_url=broker_server.url) as http:
+    token = fake_pod_broker.token("query-typo")
+    with httpx.Client(base_url=fake_pod_broker.url) as http:
         resp = http.get(path, headers={"Authorization": f"Bearer {token}"})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"] == {
@@ -164,10 +167,10 @@ def test_an_unknown_query_parameter_is_refused_by_name(
     }
 
 
-def test_the_bearer_scheme_is_matched_in_any_case(broker_server: BrokerServer) -> None:
+def test_the_bearer_scheme_is_matched_in_any_case(fake_pod_broker: ThreadedBroker) -> None:
     """RFC 7235: ``bearer`` and ``BEARER`` are the scheme too (they were 401)."""
-    token = broker_server.token("scheme-case")
-    with httpx.Client(base_url=broker_server.url) as http:
+    token = fake_pod_broker.token("scheme-case")
+    with httpx.Client(base_url=fake_pod_broker.url) as http:
         answers = [
             http.get("/v1/jobs", headers={"Authorization": f"{scheme} {token}"}).status_code
             for scheme in ("Bearer", "bearer", "BEARER")
@@ -175,10 +178,10 @@ def test_the_bearer_scheme_is_matched_in_any_case(broker_server: BrokerServer) -
     assert answers == [200, 200, 200]
 
 
-def test_head_is_declared_where_the_server_answers_it(broker_server: BrokerServer) -> None:
+def test_head_is_declared_where_the_server_answers_it(fake_pod_broker: ThreadedBroker) -> None:
     """Starlette answers HEAD for every GET; the document declared it for none of them."""
-    token = broker_server.token("head-reader")
-    with httpx.Client(base_url=broker_server.url) as http:
+    token = fake_pod_broker.token("head-reader")
+    with httpx.Client(base_url=fake_pod_broker.url) as http:
         for path in ("/healthz", "/metrics", "/v1/jobs"):
             resp = http.head(path, headers={"Authorization": f"Bearer {token}"})
             assert resp.status_code == 200 and "200" in OPENAPI["paths"][path]["head"]["responses"]
@@ -186,15 +189,15 @@ def test_head_is_declared_where_the_server_answers_it(broker_server: BrokerServe
     assert gets <= {path for path, ops in OPENAPI["paths"].items() if "head" in ops}
 
 
-def test_probes_declare_their_400_and_logs_are_bytes(broker_server: BrokerServer) -> None:
+def test_probes_declare_their_400_and_logs_are_bytes(fake_pod_broker: ThreadedBroker) -> None:
     """The probes answered 400 to a query parameter the document did not declare, and logs
     (any bytes a job wrote) were declared and served as text (new-user run)."""
     for path in ("/healthz", "/readyz", "/metrics"):
         assert "400" in OPENAPI["paths"][path]["get"]["responses"], path
-        assert httpx.get(f"{broker_server.url}{path}?x=1").status_code == 400
+        assert httpx.get(f"{fake_pod_broker.url}{path}?x=1").status_code == 400
     logs = OPENAPI["paths"]["/v1/jobs/{id}/logs"]["get"]["responses"]["200"]["content"]
     assert list(logs) == ["application/octet-stream"]
-    with broker_server.client("logs-type") as fp:
+    with fake_pod_broker.client("logs-type") as fp:
         job = fp.invoke("noop", {})
         answer = fp.logs(job["id"])
     assert answer.headers["content-type"] == "application/octet-stream"

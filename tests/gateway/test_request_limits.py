@@ -16,7 +16,8 @@ from functions.packaging import package_digest
 from functions.sdk import ApiError, Client
 from gateway.auth import Role
 from pod_runtime import job_main
-from tests.conftest import BEHAVIOURS, EXAMPLES, BrokerServer
+from tests.conftest import BEHAVIOURS, EXAMPLES
+from tests.helpers import ThreadedBroker
 
 
 def _nest(depth: int) -> Any:
@@ -27,14 +28,14 @@ def _nest(depth: int) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(broker_server: BrokerServer) -> BrokerServer:
+def server(fake_pod_broker: ThreadedBroker) -> ThreadedBroker:
     """The shared broker (8-pod cpu ceiling) with a function that returns nested lists."""
-    with broker_server.client("deployer", Role.DEPLOY) as fp:
+    with fake_pod_broker.client("deployer", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="nested", sku="cpu", entrypoint="behaviours:nested")
-    return broker_server
+    return fake_pod_broker
 
 
-def _http(server: BrokerServer, role: Role = Role.INVOKE) -> httpx.Client:
+def _http(server: ThreadedBroker, role: Role = Role.INVOKE) -> httpx.Client:
     token = server.token("limits-user", role)
     return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
 
@@ -51,7 +52,7 @@ def test_the_job_runner_applies_the_same_nesting_limit_as_the_broker() -> None:
 
 
 def test_an_input_at_the_nesting_limit_runs_and_one_level_deeper_is_refused(
-    server: BrokerServer,
+    server: ThreadedBroker,
 ) -> None:
     with _http(server) as http:
         ok = http.post("/v1/functions/noop:invoke", json={"input": _nest(MAX_NESTING)})
@@ -67,7 +68,7 @@ def _body(depth: int) -> bytes:
     return b'{"input":' + b"[" * depth + b"]" * depth + b"}"
 
 
-def test_an_output_nested_too_deep_fails_the_job_and_keeps_the_pod(server: BrokerServer) -> None:
+def test_an_output_nested_too_deep_fails_the_job_and_keeps_the_pod(server: ThreadedBroker) -> None:
     with Client(server.url, server.token("deep-user", Role.INVOKE)) as fp:  # its own pods
         job = fp.invoke("nested", MAX_NESTING + 1, lease_tag="deep")
         assert job["state"] == "FAILED" and job["error"]["class"] == "FunctionError", job
@@ -87,7 +88,7 @@ def test_an_output_nested_too_deep_fails_the_job_and_keeps_the_pod(server: Broke
     ],
 )
 def test_values_the_job_store_cannot_hold_are_refused(
-    server: BrokerServer, body: dict[str, Any], field: str
+    server: ThreadedBroker, body: dict[str, Any], field: str
 ) -> None:
     with _http(server) as http:
         resp = http.post("/v1/functions/noop/jobs", json=body)
@@ -95,7 +96,7 @@ def test_values_the_job_store_cannot_hold_are_refused(
 
 
 def test_an_integer_orjson_would_round_is_refused_and_a_64_bit_one_arrives_exact(
-    server: BrokerServer,
+    server: ThreadedBroker,
 ) -> None:
     with _http(server) as http:
         ok = http.post("/v1/functions/noop:invoke", json={"input": {"id": 2**64 - 1}})
@@ -104,7 +105,7 @@ def test_an_integer_orjson_would_round_is_refused_and_a_64_bit_one_arrives_exact
     assert wide.status_code == 400 and "send it as a string" in wide.text, wide.text
 
 
-def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: BrokerServer) -> None:
+def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: ThreadedBroker) -> None:
     with _http(server) as http:
         resp = http.post("/v1/functions/noop/jobs", json={}, headers={"Idempotency-Key": "k" * 256})
         fine = http.post("/v1/functions/noop/jobs", json={}, headers={"Idempotency-Key": "k" * 255})
@@ -113,7 +114,7 @@ def test_an_idempotency_key_longer_than_the_store_holds_is_refused(server: Broke
 
 
 def test_an_empty_idempotency_key_is_refused_not_matched_to_another_job(
-    server: BrokerServer,
+    server: ThreadedBroker,
 ) -> None:
     """An empty key was stored without a body digest, so every later empty-key call, with
     any body and any function, answered that first job."""
@@ -149,14 +150,16 @@ def test_an_empty_idempotency_key_is_refused_not_matched_to_another_job(
     ],
 )
 def test_a_query_value_outside_its_schema_is_refused_not_ignored(
-    server: BrokerServer, path: str, params: dict[str, str], field: str
+    server: ThreadedBroker, path: str, params: dict[str, str], field: str
 ) -> None:
     with _http(server, Role.ADMIN) as http:
         resp = http.get(path, params=params)
     assert resp.status_code == 400 and resp.json()["error"]["field"] == field, resp.text
 
 
-def test_the_edges_of_the_listing_limit_and_the_switches_are_accepted(server: BrokerServer) -> None:
+def test_the_edges_of_the_listing_limit_and_the_switches_are_accepted(
+    server: ThreadedBroker,
+) -> None:
     with _http(server, Role.ADMIN) as http:
         for params in ({"limit": "1"}, {"limit": "1000"}, {"state": "succeeded"}):
             assert http.get("/v1/jobs", params=params).status_code == 200, params
@@ -164,7 +167,7 @@ def test_the_edges_of_the_listing_limit_and_the_switches_are_accepted(server: Br
             assert http.get("/v1/pools", params={"pods": value}).status_code == 200, value
 
 
-def _noop_spec(server: BrokerServer) -> dict[str, Any]:
+def _noop_spec(server: ThreadedBroker) -> dict[str, Any]:
     """A registration body on the noop package, uploaded by this test's caller (only an
     uploader may register a function on a package)."""
     with server.client("limits-user", Role.DEPLOY) as fp:
@@ -188,7 +191,7 @@ def _noop_spec(server: BrokerServer) -> dict[str, Any]:
     ],
 )
 def test_a_function_no_pod_could_run_is_refused_at_registration(
-    server: BrokerServer, extra: dict[str, Any], field: str
+    server: ThreadedBroker, extra: dict[str, Any], field: str
 ) -> None:
     body = {**_noop_spec(server), **extra}
     with _http(server, Role.DEPLOY) as http:
