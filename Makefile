@@ -27,8 +27,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The suite runs on TEST_WORKERS pytest-xdist workers: most tests wait on broker and pod
+# processes, so three keep a two-core machine busy. A test file stays on one worker
+# (--dist loadfile), so a broker its tests share starts once.
+TEST_WORKERS ?= 3
+
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .firepool .pytest_cache .mypy_cache .ruff_cache
