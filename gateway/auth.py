@@ -47,6 +47,29 @@ class Principal:
         return self.role is Role.ADMIN
 
 
+def _refusal(exc: jwt.PyJWTError) -> str:
+    """Why a token was refused, in the API's words: what is wrong with it (malformed, a bad
+    signature, expired, ...), never the decoder's own message, which names its internals
+    (base64 padding, header segments, JSON offsets)."""
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return "token expired: mint a new one (`firepool token`)"
+    if isinstance(exc, jwt.InvalidSignatureError):  # a DecodeError: tested first
+        return "bad token signature: not signed by this broker's key"
+    if isinstance(exc, jwt.InvalidAlgorithmError):
+        return f"token algorithm not allowed (allowed: {', '.join(ALGORITHMS)})"
+    if isinstance(exc, jwt.DecodeError):
+        return "malformed token: not a JSON Web Token"
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "token for another audience: not minted for this broker"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"token lacks the {exc.claim!r} claim"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "token not yet valid"
+    if isinstance(exc, jwt.exceptions.InvalidSubjectError):
+        return "token subject must be a non-empty string"
+    return "invalid token"
+
+
 class Authenticator:
     """Mints and validates tokens. Thread-safe; the cache has its own lock."""
 
@@ -85,10 +108,8 @@ class Authenticator:
                 audience=self._audience,
                 options={"require": ["exp", "sub", "aud"]},
             )
-        except jwt.ExpiredSignatureError:
-            raise Unauthorized("token expired") from None
         except jwt.PyJWTError as exc:
-            raise Unauthorized(f"invalid token: {exc}") from None
+            raise Unauthorized(_refusal(exc)) from None
         try:
             role = Role(claims.get("role", "invoke"))
         except ValueError:
