@@ -4,8 +4,10 @@ Entries are sorted by their POSIX path, every timestamp is 1980-01-01 00:00, mod
 (0755 when the owner-execute bit is set), and caches (``__pycache__``, ``*.pyc``, VCS folders)
 are left out. Symlinks are refused: a package is plain files only.
 
-Memory stays bounded by the zip being built (itself capped at ``MAX_PACKAGE_BYTES``) plus one
-chunk: files are streamed into the archive, never read whole. The caps the pod applies to what
+Files are streamed into the archive, never read whole. ``package_file`` writes the archive to
+an anonymous temporary file (under ``TMPDIR``), so a deploy holds one chunk of it in memory at
+a time however big the package; ``build_package`` returns the bytes (the zip, capped at
+``MAX_PACKAGE_BYTES``, is then held once). The caps the pod applies to what
 it extracts (documented in docs/pod_runtime.md) are checked before the first byte is read, from
 the files' sizes, and the compressed size as it grows, so an oversized tree fails at once with
 ``PackageRejected`` instead of after it was read and compressed.
@@ -13,13 +15,17 @@ the files' sizes, and the compressed size as it grows, so an oversized tree fail
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import stat
+import tempfile
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from functions.errors import PackageRejected
 
@@ -96,8 +102,9 @@ def _too_big(size: int) -> PackageRejected:
     return PackageRejected(f"package is at least {size} bytes; the cap is {MAX_PACKAGE_BYTES}")
 
 
-def build_package(root: Path) -> bytes:
-    """Zip the files below ``root`` deterministically and return the archive bytes.
+def write_package(root: Path, dst: BinaryIO) -> int:
+    """Zip the files below ``root`` deterministically into ``dst`` (seekable, empty, at
+    offset 0) and return the archive's size.
 
     Raises ``PackageRejected`` for a link or special file, a name that is not UTF-8, more than
     ``MAX_FILES`` files or ``MAX_UNPACKED_BYTES`` bytes (both before any file is read), or a zip
@@ -106,8 +113,7 @@ def build_package(root: Path) -> bytes:
     if not root.is_dir():
         raise PackageRejected(f"{root} is not a directory")
     members = _members(root)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+    with zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for path, name, st in members:
             info = zipfile.ZipInfo(name, date_time=FIXED_DATE)
             mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
@@ -115,18 +121,62 @@ def build_package(root: Path) -> bytes:
             info.compress_type = zipfile.ZIP_DEFLATED
             info.create_system = 3  # unix, so the mode bits are honoured everywhere
             info.file_size = st.st_size  # as writestr would set it: picks zip64 the same way
-            with path.open("rb") as src, zf.open(info, "w") as dst:
+            with path.open("rb") as src, zf.open(info, "w") as out:
                 while chunk := src.read(CHUNK):
-                    dst.write(chunk)
-                    if buf.tell() > MAX_PACKAGE_BYTES:
-                        raise _too_big(buf.tell())
-    data = buf.getvalue()
-    if len(data) > MAX_PACKAGE_BYTES:
-        raise _too_big(len(data))
-    return data
+                    out.write(chunk)
+                    if dst.tell() > MAX_PACKAGE_BYTES:
+                        raise _too_big(dst.tell())
+    size = dst.tell()
+    if size > MAX_PACKAGE_BYTES:
+        raise _too_big(size)
+    return size
+
+
+def build_package(root: Path) -> bytes:
+    """The package for ``root`` as bytes (``write_package``'s archive and refusals)."""
+    buf = io.BytesIO()
+    write_package(root, buf)
+    return buf.getvalue()
 
 
 def package_digest(root: Path) -> tuple[str, bytes]:
     """Build the package for ``root``; return ``(sha256 hex, zip bytes)``."""
     data = build_package(root)
     return sha256_hex(data), data
+
+
+@dataclass(frozen=True, slots=True)
+class PackageFile:
+    """A package written to a temporary file (``package_file``)."""
+
+    digest: str
+    """sha256 hex of the archive."""
+    size: int
+    """The archive's bytes."""
+    file: BinaryIO
+    """The archive, open for reading at offset 0; closed (and gone) when the block ends."""
+
+    def chunks(self) -> Iterator[bytes]:
+        """The archive from its start, ``CHUNK`` bytes at a time."""
+        self.file.seek(0)
+        while chunk := self.file.read(CHUNK):
+            yield chunk
+
+
+@contextlib.contextmanager
+def package_file(root: Path) -> Iterator[PackageFile]:
+    """Build the package for ``root`` into an anonymous temporary file and yield it with its
+    digest and size; memory holds one chunk at a time, whatever the package's size.
+
+    The digest is taken by reading the file back once it is complete: zipfile rewrites each
+    member's header after its data, so the bytes are final only then (and still in the page
+    cache). Same bytes and digest as ``build_package``; same refusals as ``write_package``.
+    """
+    with tempfile.TemporaryFile(prefix="firepool-package-") as f:
+        size = write_package(root, f)
+        f.seek(0)
+        digest = hashlib.sha256()
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+        f.seek(0)
+        yield PackageFile(digest.hexdigest(), size, f)

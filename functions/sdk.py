@@ -5,8 +5,9 @@
     fp.deploy("examples/verifier", name="verify", sku="cpu", entrypoint="verifier:verify")
     job = fp.invoke("verify", {"code": "...", "tests": "..."}, lease_tag="episode-1")
 
-Every non-2xx answer raises ``ApiError`` carrying the server's typed error class. The client
-keeps one HTTP connection pool; use it as a context manager or call ``close()``.
+Every non-2xx answer raises ``ApiError`` carrying the server's typed error class; an answer
+that is not the API's at all (an HTML page from a wrong URL) raises ``UnexpectedAnswer``. The
+client keeps one HTTP connection pool; use it as a context manager or call ``close()``.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import httpx
 import orjson
 
 from functions.errors import InvalidRequest
-from functions.packaging import package_digest, sha256_hex
+from functions.packaging import CHUNK, package_file, sha256_hex
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -51,10 +52,10 @@ def _json_body(value: Any) -> bytes:
 
 def _segment(value: str) -> str:
     """``value`` as one path segment: percent-encoded, so a job id or name of
-    ``../functions/x`` (or with ``?``) cannot walk to another route. Before, ``firepool cancel
-    ../functions/NAME`` deleted the function NAME (adversarial run). ``.`` and ``..``, which
-    no encoding keeps from being walked, are refused, and so is ``/`` (the server decodes
-    ``%2F`` before it routes: ``ID%2Flogs`` reached the logs route)."""
+    ``../functions/x`` (or with ``?``) cannot walk to another route (``firepool cancel
+    ../functions/NAME`` would delete the function NAME). ``.`` and ``..``, which no encoding
+    keeps from being walked, are refused, and so is ``/`` (the server decodes ``%2F`` before
+    it routes: ``ID%2Flogs`` would reach the logs route)."""
     if value in ("", ".", "..") or "/" in value:  # the server decodes %2F before routing
         raise InvalidRequest(f"{value!r} is not a job id or name")
     return urllib.parse.quote(value, safe="")
@@ -68,8 +69,8 @@ class ClientError(Exception):
 
 
 class JobNotFinished(ClientError, TimeoutError):
-    """``wait`` gave up before the job ended; ``job`` is its record as last read. (It used
-    to return the unfinished job, which a caller then took for a result: new-user run.)"""
+    """``wait`` gave up before the job ended; ``job`` is its record as last read. (Raised
+    rather than returning the unfinished job, which a caller would take for a result.)"""
 
     def __init__(self, job: dict[str, Any], timeout_s: float) -> None:
         super().__init__(f"job {job.get('id')} is still {job.get('state')} after {timeout_s:g} s")
@@ -83,6 +84,31 @@ class ApiError(ClientError):
         self.error_class = error_class
         self.message = message
         self.field = field
+
+
+class UnexpectedAnswer(ApiError):
+    """The server at the client's URL answered something other than the Firepool API's
+    JSON (or, for logs, its byte stream): an HTML page, a proxy's error, another service.
+    Most often the URL is wrong. ``error_class`` is ``HTTPError``; the message is one line,
+    never the page."""
+
+    def __init__(self, url: str, resp: httpx.Response) -> None:
+        kind = resp.headers.get("content-type", "").partition(";")[0].strip() or "no type"
+        super().__init__(
+            resp.status_code,
+            "HTTPError",
+            f"{url} answered HTTP {resp.status_code} with {kind}, not the Firepool API: "
+            "is that the gateway's URL?",
+        )
+        self.args = (self.message,)
+
+
+_JSON = "application/json"
+_LOG_BYTES = "application/octet-stream"
+
+
+def _is(resp: httpx.Response, media_type: str) -> bool:
+    return resp.headers.get("content-type", "").partition(";")[0].strip() == media_type
 
 
 class Client:
@@ -122,13 +148,29 @@ class Client:
             self._raise(resp)
         return resp
 
-    @staticmethod
-    def _raise(resp: httpx.Response) -> NoReturn:
+    def _call(self, method: str, path: str, key: str, **kwargs: Any) -> dict[str, Any]:
+        """``_request``'s answer: the API's JSON object, which has ``key``."""
+        return self._json(self._request(method, path, **kwargs), key)
+
+    def _json(self, resp: httpx.Response, key: str) -> dict[str, Any]:
+        """``resp``'s body as the API's JSON object, which has ``key``; anything else (a
+        page, another service's JSON) is ``UnexpectedAnswer``."""
         try:
-            err = resp.json()["error"]
-            raise ApiError(resp.status_code, err["class"], err["message"], err.get("field"))
+            body = orjson.loads(resp.content) if _is(resp, _JSON) else None
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict) or key not in body:
+            raise UnexpectedAnswer(str(self._http.base_url), resp)
+        return body
+
+    def _raise(self, resp: httpx.Response) -> NoReturn:
+        try:
+            err = orjson.loads(resp.content)["error"] if _is(resp, _JSON) else None
+            if err is not None:
+                raise ApiError(resp.status_code, err["class"], err["message"], err.get("field"))
         except (ValueError, KeyError, TypeError):
-            raise ApiError(resp.status_code, "HTTPError", resp.text[:500]) from None
+            pass
+        raise UnexpectedAnswer(str(self._http.base_url), resp)
 
     # -- packages and functions ---------------------------------------------------------
     def upload(self, data: bytes, content_type: str = "application/zip") -> str:
@@ -137,15 +179,33 @@ class Client:
         ``application/zip`` is checked as a package; anything else (a requirements file,
         ``text/plain``) is stored as it is."""
         digest = sha256_hex(data)
-        head = self._http.head(f"/v1/packages/{_segment(digest)}")
-        if head.status_code != 200:
-            self._request(
-                "PUT",
-                f"/v1/packages/{_segment(digest)}",
-                content=data,
-                headers={"Content-Type": content_type},
-            )
+        self._upload(digest, len(data), data, content_type)
         return digest
+
+    def upload_file(
+        self, file: BinaryIO, digest: str, size: int, content_type: str = "application/zip"
+    ) -> str:
+        """``upload`` for a file of ``size`` bytes whose sha256 is ``digest``: streamed from
+        its start in chunks with a known Content-Length, never held whole."""
+
+        def chunks() -> Iterator[bytes]:
+            file.seek(0)
+            while chunk := file.read(CHUNK):
+                yield chunk
+
+        self._upload(digest, size, chunks(), content_type)
+        return digest
+
+    def _upload(
+        self, digest: str, size: int, content: bytes | Iterator[bytes], content_type: str
+    ) -> None:
+        path = f"/v1/packages/{_segment(digest)}"
+        if self._http.head(path).status_code == 200:
+            return
+        headers = {"Content-Type": content_type, "Content-Length": str(size)}
+        resp = self._http.put(path, content=content, headers=headers)
+        if resp.status_code >= 400:
+            self._raise(resp)
 
     def deploy(
         self,
@@ -162,8 +222,8 @@ class Client:
         pods: int = 1,
         single_use: bool = False,
     ) -> dict[str, Any]:
-        digest, data = package_digest(Path(directory))
-        self.upload(data)
+        with package_file(Path(directory)) as package:  # on disk: one chunk in memory
+            digest = self.upload_file(package.file, package.digest, package.size)
         body: dict[str, Any] = {
             "name": name,
             "sku": sku,
@@ -181,21 +241,18 @@ class Client:
             body["requirements"] = self.upload(Path(requirements).read_bytes(), "text/plain")
         if env:
             body["env"] = env
-        result: dict[str, Any] = self._request("POST", "/v1/functions", json=body).json()
-        return result
+        return self._call("POST", "/v1/functions", "version", json=body)
 
     def functions(self) -> list[dict[str, Any]]:
-        return list(self._request("GET", "/v1/functions").json()["functions"])
+        return list(self._call("GET", "/v1/functions", "functions")["functions"])
 
     def function(self, name: str) -> dict[str, Any]:
         """The latest version of ``name``."""
-        result: dict[str, Any] = self._request("GET", f"/v1/functions/{_segment(name)}").json()
-        return result
+        return self._call("GET", f"/v1/functions/{_segment(name)}", "version")
 
     def delete_function(self, name: str) -> dict[str, Any]:
         """Hide every version of ``name``: calls to it then answer ``NotFound``."""
-        result: dict[str, Any] = self._request("DELETE", f"/v1/functions/{_segment(name)}").json()
-        return result
+        return self._call("DELETE", f"/v1/functions/{_segment(name)}", "deleted")
 
     # -- jobs ---------------------------------------------------------------------------
     def _post_job(
@@ -247,10 +304,9 @@ class Client:
             timeout_s,
             idempotency_key,
         )
-        body: dict[str, Any] = resp.json()
         if resp.status_code == 202:
-            return self.wait(body["job_id"])
-        return body
+            return self.wait(self._json(resp, "job_id")["job_id"])
+        return self._json(resp, "state")
 
     def submit(
         self,
@@ -273,17 +329,16 @@ class Client:
             timeout_s,
             idempotency_key,
         )
-        return str(resp.json()["job_id"])
+        return str(self._json(resp, "job_id")["job_id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{_segment(job_id)}").json()
-        return result
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}", "state")
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         params = {"limit": str(limit)}
         if state is not None:  # "" too: the gateway refuses it, by name
             params["state"] = state
-        return list(self._request("GET", "/v1/jobs", params=params).json()["jobs"])
+        return list(self._call("GET", "/v1/jobs", "jobs", params=params)["jobs"])
 
     def wait(
         self, job_id: str, timeout_s: float | None = None, poll_s: float = 0.05
@@ -302,8 +357,7 @@ class Client:
             poll_s = min(poll_s * 1.5, 1.0)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{_segment(job_id)}").json()
-        return result
+        return self._call("DELETE", f"/v1/jobs/{_segment(job_id)}", "state")
 
     def logs(self, job_id: str, follow: bool = False) -> httpx.Response:
         """The job's whole log, read once the answer ends (with ``follow``, once the job
@@ -325,8 +379,9 @@ class Client:
             if resp.status_code >= 400:
                 resp.read()
                 self._raise(resp)
+            if not _is(resp, _LOG_BYTES):  # a page from a wrong URL is not the job's log
+                raise UnexpectedAnswer(str(self._http.base_url), resp)
             yield from resp.iter_bytes()
 
     def pools(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/v1/pools").json()
-        return result
+        return self._call("GET", "/v1/pools", "pools")
