@@ -70,6 +70,7 @@ class Job:
     queue: str = "default"
     priority: int = 0
     timeout_s: float | None = None
+    """Seconds each attempt may run: the call's, else its function version's (set at submit)."""
     max_retries: int = 0
     pods_needed: int = 1
     output: Any = None
@@ -109,7 +110,7 @@ class Job:
             "lease_tag": self.lease_tag,
             "queue": self.queue,
             "priority": self.priority,
-            "timeout_s": self.timeout_s,  # the caller's; None: the function's
+            "timeout_s": self.timeout_s,  # effective: the call's, else its function's
             "output": self.output.fragment() if isinstance(self.output, JsonText) else self.output,
             "output_expired": self.output_expired,
             "error": self.error,

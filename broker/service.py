@@ -478,7 +478,7 @@ class Broker:
             lease_tag=body["lease_tag"],
             queue=body["queue"],
             priority=body["priority"],
-            timeout_s=body["timeout_s"],
+            timeout_s=body["timeout_s"] or spec.timeout_s,  # the call's, else its version's
             max_retries=spec.max_retries,
             pods_needed=spec.pods,
             submitted=self.clock(),

@@ -85,7 +85,11 @@ def job_schema() -> dict[str, Any]:
             "lease_tag": {"type": ["string", "null"]},
             "queue": {"type": "string"},
             "priority": {"type": "integer"},
-            "timeout_s": {**_NUMBER_OR_NULL, "description": "the caller's; null: the function's"},
+            "timeout_s": {
+                **_NUMBER_OR_NULL,
+                "description": "seconds each attempt may run: the call's timeout_s, else the "
+                "function's (null only where a stored record does not say)",
+            },
             "output": {"description": "the function's JSON return value (null until it ends)"},
             "output_expired": {"type": "boolean"},
             "output_omitted": {"type": "boolean", "description": "a listing left it out"},
