@@ -1,8 +1,8 @@
 """The ``firepool`` command: serve the broker, mint tokens, and act as a client.
 
-Client commands read ``FIREPOOL_URL`` (default http://127.0.0.1:8080) and ``FIREPOOL_TOKEN``;
-state lives under ``FIREPOOL_HOME`` (default ./.firepool). Every command exits non-zero with
-the server's typed error on failure.
+Client commands read ``FIREPOOL_URL`` (default http://127.0.0.1:8080) and ``FIREPOOL_TOKEN``
+(or ``--url`` and ``--token``, before or after the command); state lives under
+``FIREPOOL_HOME`` (default ./.firepool). Exit status: ``EXIT_STATUS``.
 """
 
 from __future__ import annotations
@@ -17,18 +17,31 @@ import os
 import socket
 import sys
 import textwrap
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 import orjson
 
 from broker.settings import Settings
 from functions.errors import Conflict, FirepoolError, InvalidRequest, Unauthorized
-from functions.sdk import ApiError, Client
+from functions.sdk import Client, ClientError, UnexpectedAnswer
 from gateway.auth import Authenticator, Role, load_key
+
+if TYPE_CHECKING:
+    from broker.service import Broker
+
+EXIT_STATUS = """\
+exit status:
+  0  done; for invoke and logs --follow, the job SUCCEEDED
+  1  the job FAILED or was CANCELLED (invoke, logs --follow)
+  2  refused or unreachable: a bad option or input, the gateway's typed error
+     (printed as one `error:` line), no answer, or an answer that is not the API's"""
+
+log = logging.getLogger("firepool.serve")
 
 
 def _port(text: str) -> int:
@@ -40,7 +53,7 @@ def _port(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    """A finite number of seconds above 0 (``nan`` went as JSON null: the default)."""
+    """A finite number of seconds above 0 (``nan`` would go as JSON null: the default)."""
     value = float(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
@@ -67,11 +80,12 @@ def _print(obj: Any) -> None:
 
 
 def _gateway_url(args: argparse.Namespace) -> str:
-    return str(args.url or os.environ.get("FIREPOOL_URL", "http://127.0.0.1:8080"))
+    url = getattr(args, "url", None)
+    return str(url or os.environ.get("FIREPOOL_URL", "http://127.0.0.1:8080"))
 
 
 def _client(args: argparse.Namespace) -> Client:
-    token = args.token or os.environ.get("FIREPOOL_TOKEN")
+    token = getattr(args, "token", None) or os.environ.get("FIREPOOL_TOKEN")
     if not token:
         raise Unauthorized(
             "no token: set FIREPOOL_TOKEN or --token (mint one with `firepool token --caller NAME`)"
@@ -94,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
     _check_bindable(settings.host, settings.port)
     app = create_app(broker)
+    _log_start(broker)
 
     class Server(uvicorn.Server):
         """uvicorn's server whose stop signal (SIGINT, SIGTERM) also stops the broker's
@@ -122,10 +137,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_start(broker: Broker) -> None:
+    """One line with what this broker serves and with what: its address, state directory,
+    job store (without its password), pod backend and the catalog's pools (floor-ceiling)."""
+    from sqlalchemy.engine import make_url
+
+    settings = broker.settings
+    store = make_url(settings.resolved_store_url).render_as_string(hide_password=True)
+    pools = ", ".join(
+        f"{name} [{pool.min_count}-{pool.max_count}]" for name, pool in broker.catalog.pools.items()
+    )
+    log.info(
+        "starting on http://%s:%d: home %s, store %s, backend %s, pools %s",
+        settings.host, settings.port, settings.home, store, settings.backend, pools or "none",
+    )  # fmt: skip
+
+
 def _check_bindable(host: str, port: int) -> None:
     """Refuse, before any pod starts, an address this process cannot listen on (in use,
-    not this machine's): uvicorn found out only after the broker had started its pods, and
-    exited 3 with its own lines (adversarial run)."""
+    not this machine's): uvicorn finds out only after the broker has started its pods, and
+    exits 3 with its own lines."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
@@ -139,8 +170,8 @@ def _check_bindable(host: str, port: int) -> None:
 def _store_answers(url: str) -> Iterator[None]:
     """Run a block that connects to the job store at ``url``: a database that does not answer
     (down, unreachable, refusing the login) or is not a Firepool one is one ``error:`` line
-    and exit 2, like a gateway that does not answer (an unreachable MySQL was about 120
-    lines of three tracebacks: adversarial run). The URL is shown without its password."""
+    and exit 2, like a gateway that does not answer (not about 120 lines of three
+    tracebacks for an unreachable MySQL). The URL is shown without its password."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -172,9 +203,9 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def _refuse_while_served(home: Path) -> None:
-    """``Conflict`` naming the broker's pid if one serves ``home``: stopping its pods killed
-    the jobs running on them (their user code then ran a second time) and the broker made
-    new pods at once (adversarial run). Takes the home's lock and gives it back at once."""
+    """``Conflict`` naming the broker's pid if one serves ``home``: stopping its pods would
+    kill the jobs running on them (their user code would then run a second time) and the
+    broker would make new pods at once. Takes the home's lock and gives it back at once."""
     from broker.exclusive import BrokerLocks  # SQLAlchemy: only ``down`` pays for it
 
     lock = BrokerLocks(home, store_url="")
@@ -211,7 +242,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     from gateway.harness import kill_pods
 
     home = Settings.from_env().home
-    if not home.is_dir():  # a typo in FIREPOOL_HOME said "stopped 0" while the pods ran on
+    if not home.is_dir():  # a typo in FIREPOOL_HOME would say "stopped 0", pods running on
         raise InvalidRequest(f"FIREPOOL_HOME={home} does not exist: no pods to stop there")
     if not args.force:
         _refuse_while_served(home)
@@ -254,11 +285,23 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _input_text(given: str) -> str | bytes:
+    """``--input``'s JSON: the argument itself, ``@FILE``'s bytes, or stdin's for ``-`` (for
+    inputs past the argument limit; JSON never starts with ``@`` nor is ``-``)."""
+    if given == "-":
+        return sys.stdin.buffer.read()
+    if given.startswith("@"):
+        return Path(given[1:]).read_bytes()  # a missing file: one error line (``main``)
+    return given
+
+
 def cmd_invoke(args: argparse.Namespace) -> int:
+    text = _input_text(args.input)
+    where = "" if text is args.input else f" ({args.input})"
     try:  # the standard parser: orjson reads an integer past 64 bits as a float, silently
-        payload = json.loads(args.input, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise InvalidRequest(f"--input is not JSON: {exc}", field="input") from None
+        payload = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # UnicodeDecodeError too: a file that is not UTF-8
+        raise InvalidRequest(f"--input{where} is not JSON: {exc}", field="input") from None
     options: dict[str, Any] = {
         "lease_tag": args.tag,
         "queue": args.queue,
@@ -280,10 +323,69 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
+JOB_COLUMNS = ("ID", "FUNCTION", "STATE", "PATH", "SUBMITTED", "DURATION")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def job_row(job: dict[str, Any], now: float) -> tuple[str, ...]:
+    """A job record as ``JOB_COLUMNS``: its acquisition path (``-`` before it started), the
+    local time it was submitted, and how long it ran (so far, while it runs; ``-`` before it
+    started)."""
+    timings = job.get("timings") or {}
+    submitted, started = timings.get("submitted"), timings.get("started")
+    finished = timings.get("finished")
+    return (
+        str(job["id"]),
+        f"{job['function']} v{job['version']}",
+        str(job["state"]),
+        str((job.get("acquisition") or {}).get("path") or "-"),
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(submitted)) if submitted else "-",
+        _duration(max(0.0, (finished or now) - started)) if started else "-",
+    )
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        sys.stdout.write("  ".join(cells).rstrip() + "\n")
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     with _client(args) as fp:
-        _print(fp.job(args.id) if args.id else fp.jobs(state=args.state, limit=args.limit))
+        if args.id:
+            _print(fp.job(args.id))
+            return 0
+        jobs = fp.jobs(state=args.state, limit=args.limit)
+    if args.json:
+        _print(jobs)
+    else:
+        now = time.time()
+        _print_table([JOB_COLUMNS, *(job_row(job, now) for job in jobs)])
     return 0
+
+
+def job_ending(job: dict[str, Any]) -> str:
+    """How a job ended, in one line: its state, its error's class and message (on one line,
+    at most 300 characters) and its exit code, where it has them."""
+    line = f"job {job['id']} {job['state']}"
+    error = job.get("error")
+    if error:
+        message = " ".join(str(error.get("message", "")).split())
+        if len(message) > 300:
+            message = message[:297] + "..."
+        line += f": {error.get('class')}: {message}"
+    if job.get("exit_code") is not None:
+        line += f" (exit code {job['exit_code']})"
+    return line
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -292,7 +394,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
         for chunk in fp.iter_logs(args.id, follow=args.follow):
             out.write(chunk)
             out.flush()
-    return 0
+        if not args.follow:
+            return 0
+        job = fp.wait(args.id)  # the log ends as the job does; its outcome is recorded then
+    sys.stderr.write(job_ending(job) + "\n")  # stdout stays the job's own bytes
+    return 0 if job["state"] == "SUCCEEDED" else 1
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -318,11 +424,35 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_options(default: Any) -> argparse.ArgumentParser:
+    """``--url`` and ``--token``, as a parent parser: the top parser's default None, each client
+    command's ``SUPPRESS`` (so that one given before the command is not reset after it)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--url", default=default, help="gateway URL (FIREPOOL_URL)")
+    options.add_argument("--token", default=default, help="bearer token (FIREPOOL_TOKEN)")
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="firepool", description=__doc__.split("\n")[0])
-    p.add_argument("--url", help="gateway URL (FIREPOOL_URL)")
-    p.add_argument("--token", help="bearer token (FIREPOOL_TOKEN)")
+    p = argparse.ArgumentParser(
+        prog="firepool",
+        description=__doc__.split("\n")[0],
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_gateway_options(None)],
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
+    gateway_options = _gateway_options(argparse.SUPPRESS)
+
+    def client(name: str, help: str) -> argparse.ArgumentParser:
+        """A command that talks to the gateway: takes ``--url`` and ``--token`` after it."""
+        return sub.add_parser(
+            name,
+            help=help,
+            parents=[gateway_options],
+            epilog=EXIT_STATUS,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     s = sub.add_parser("serve", help="run the broker")
     s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
@@ -362,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("migrate", help="bring the job store schema to the current version")
     s.set_defaults(fn=cmd_migrate)
 
-    s = sub.add_parser("deploy", help="package DIR and register a function version")
+    s = client("deploy", "package DIR and register a function version")
     s.add_argument(
         "dir",
         type=Path,
@@ -389,9 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_deploy)
 
-    s = sub.add_parser("invoke", help="invoke a function")
+    s = client("invoke", "invoke a function")
     s.add_argument("name")
-    s.add_argument("--input", default="null", help="JSON input (default null)")
+    s.add_argument(
+        "--input",
+        default="null",
+        help="JSON input, @FILE to read it from a file, or - from stdin (default null)",
+    )
     s.add_argument("--tag", help="lease tag: jobs with one tag reuse the caller's warm pods")
     s.add_argument("--queue", help="queue name (default: default)")
     s.add_argument("--priority", type=int, help="higher runs first (default 0)")
@@ -400,8 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--async", dest="async_", action="store_true", help="print the job id")
     s.set_defaults(fn=cmd_invoke)
 
-    s = sub.add_parser("jobs", help="list your jobs (every caller's for admin), or show one")
-    s.add_argument("id", nargs="?")
+    s = client("jobs", "list your jobs (every caller's for admin), or show one")
+    s.add_argument("id", nargs="?", help="show this job's whole record (JSON)")
+    s.add_argument("--json", action="store_true", help="the records as JSON, not a table")
     s.add_argument("--state", help="only jobs in this state (QUEUED, RUNNING, SUCCEEDED, ...)")
     s.add_argument(
         "--limit",
@@ -411,20 +546,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_jobs)
 
-    s = sub.add_parser("logs", help="print a job's logs")
+    s = client("logs", "print a job's logs")
     s.add_argument("id")
-    s.add_argument("--follow", action="store_true", help="stream until the job ends")
+    s.add_argument(
+        "--follow",
+        action="store_true",
+        help="stream until the job ends, then print how it ended on stderr and exit as invoke does",
+    )
     s.set_defaults(fn=cmd_logs)
 
-    s = sub.add_parser("cancel", help="cancel a job")
+    s = client("cancel", "cancel a job")
     s.add_argument("id")
     s.set_defaults(fn=cmd_cancel)
 
-    s = sub.add_parser("functions", help="list functions, show one, or delete one")
+    s = client("functions", "list functions, show one, or delete one")
     s.add_argument("name", nargs="?", help="show this function's latest version")
     s.add_argument("--delete", action="store_true", help="delete NAME (deploy role)")
     s.set_defaults(fn=cmd_functions)
-    sub.add_parser("pools", help="pool status (admin)").set_defaults(fn=cmd_pools)
+    client("pools", "pool status (admin)").set_defaults(fn=cmd_pools)
     sub.add_parser("simulate", help="run the virtual-time simulator (simulate --help)")
     return p
 
@@ -444,7 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
-    except ApiError as exc:
+    except UnexpectedAnswer as exc:  # a wrong URL: its page is not worth printing
+        sys.stderr.write(f"error: {exc} (--url or FIREPOOL_URL)\n")
+        return 2
+    except ClientError as exc:  # the gateway's typed refusal (``ApiError``)
         sys.stderr.write(f"error: {exc}\n")
         return 2
     except FirepoolError as exc:  # a bad local input, e.g. the catalog ``serve`` loads

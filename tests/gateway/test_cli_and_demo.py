@@ -68,7 +68,7 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
         )
     )
     assert job["state"] == "SUCCEEDED" and job["output"]["steps"] > 0
-    listed = json.loads(_firepool(broker_server, "jobs", token=token))
+    listed = json.loads(_firepool(broker_server, "jobs", "--json", token=token))
     assert job["id"] in {j["id"] for j in listed}
     one = json.loads(_firepool(broker_server, "jobs", job["id"], token=token))
     assert one["output"] == job["output"]
@@ -91,8 +91,9 @@ def test_token_deploy_invoke_and_jobs_through_the_cli(broker_server: BrokerServe
 def test_logs_follow_prints_each_chunk_as_it_comes_byte_for_byte(
     broker_server: BrokerServer,
 ) -> None:
-    """``firepool logs --follow`` used to print nothing until the job ended (it read the
-    whole answer first), and printed undecodable bytes as U+FFFD."""
+    """``firepool logs --follow`` prints each chunk as the job writes it (not once the job
+    ended), bytes that are not UTF-8 as they are (not as U+FFFD), and nothing else on stdout:
+    how the job ended goes to stderr."""
     with broker_server.client("cli-logs-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="cli-ticker", sku="cpu",
                   entrypoint="behaviours:ticker_undecodable")  # fmt: skip
@@ -104,18 +105,19 @@ def test_logs_follow_prints_each_chunk_as_it_comes_byte_for_byte(
         # buffered ``readline`` had read past the first line would be lost to the test.
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "logs", job_id, "--follow"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, bufsize=0,
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
         )  # fmt: skip
         try:
             assert proc.stdout is not None
             first = proc.stdout.readline()
             state_at_first_line = fp.job(job_id)["state"]
-            rest, _ = proc.communicate(timeout=60)
+            rest, err = proc.communicate(timeout=60)
         finally:
             proc.kill()
     assert state_at_first_line == "RUNNING"
     assert proc.returncode == 0
     assert first + rest == b"".join(b"\xff\xfe tick %d\n" % i for i in range(8))
+    assert err == f"job {job_id} SUCCEEDED (exit code 0)\n".encode()
 
 
 def test_an_unreachable_gateway_and_bad_input_exit_2_with_one_line_not_a_traceback(
@@ -155,8 +157,7 @@ def test_the_demo_runs_the_example_loop_end_to_end(tmp_path: Path) -> None:
     assert "alice starts a new episode" in proc.stdout
     assert "acquisition paths:" in proc.stdout
     assert "curl" in proc.stdout
-    # The hint names the broker it started: its `firepool invoke` talked to :8080 whatever
-    # PORT was (adversarial run).
+    # The hint names the broker it started (not :8080 whatever PORT is).
     assert f"export FIREPOOL_URL=http://127.0.0.1:{port} FIREPOOL_HOME={home}\n" in proc.stdout
 
 
@@ -169,9 +170,9 @@ def _live_pods(home: Path) -> list[str]:
 def test_down_refuses_while_a_broker_serves_the_home_and_counts_running_pods(
     tmp_path: Path,
 ) -> None:
-    """``down`` under a running broker killed the pods of running jobs (their user code ran
-    again on new pods the broker made at once); repeated, it said "stopped 1 local pod(s)"
-    each time (it counted records, not running pods)."""
+    """``down`` under a running broker would kill the pods of running jobs (their user code
+    would run again on new pods the broker makes at once); it counts running pods, not
+    records, so a repeated ``down`` says there are none."""
     home = tmp_path / "home"
     server = start_broker(home)
     down = [sys.executable, "-m", "gateway.cli", "down"]
@@ -304,8 +305,8 @@ def test_serve_with_a_bad_catalog_exits_2_naming_the_file_and_the_field(tmp_path
 def test_bad_local_input_exits_2_with_one_error_line(
     argv: list[str], env: dict[str, str], says: str, tmp_path: Path, broker_server: BrokerServer
 ) -> None:
-    """Each of these ended in a Python traceback and exit 1 (adversarial run); a refused
-    request exits 2 with one ``error:`` line (README)."""
+    """Each is a refused request: exit 2 with one ``error:`` line (README), not a Python
+    traceback and exit 1."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "m.py").write_text("def f(x):\n    return x\n")
@@ -335,9 +336,9 @@ def test_bad_local_input_exits_2_with_one_error_line(
     ids=["port-past-65535", "negative-ttl", "nan-timeout", "env-without-value"],
 )  # fmt: skip
 def test_out_of_range_options_are_refused_by_the_parser(argv: list[str]) -> None:
-    """``serve --port 83740`` listened on 18204 (the port wrapped); ``token --ttl -5`` minted a
-    token already expired; ``--timeout nan`` went as null (the default); ``--env FOO`` ended
-    in a traceback."""
+    """Refused before anything runs: ``serve --port 83740`` (the port would wrap to 18204),
+    ``token --ttl -5`` (a token already expired), ``--timeout nan`` (it would go as null: the
+    default), ``--env FOO`` (no value)."""
     with pytest.raises(SystemExit) as refused:
         main(argv)
     assert refused.value.code == 2

@@ -44,10 +44,9 @@ def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 def test_a_store_url_that_cannot_work_is_one_error_line(
     command: str, url: str, says: str, tmp_path: Path
 ) -> None:
-    """Each was a 16-120-line traceback, exit 1 (or 3: uvicorn's failed startup); an
-    unreachable server is exit 2 too, like an unreachable gateway. ``:memory:`` also left a
-    file of that name in the working directory (the store's lock, taken before the URL was
-    checked)."""
+    """One line and exit 2, not a traceback with exit 1 (or uvicorn's 3); an unreachable
+    server is exit 2 too, like an unreachable gateway. The URL is checked before the store's
+    lock is taken, so nothing (no file named ``:memory:``) is left in the working directory."""
     env = {
         "FIREPOOL_HOME": str(tmp_path / "home"),
         "FIREPOOL_STORE_URL": url.format(port=free_port()),  # nothing listens there
@@ -78,8 +77,8 @@ def test_a_store_url_that_cannot_work_is_one_error_line(
 def test_serve_refuses_a_bad_variable_before_starting(
     env: dict[str, str], says: str, tmp_path: Path
 ) -> None:
-    """A sweep of 0 made an idle broker spin 70-90% of a core; an ftp:// public URL started,
-    then failed every job ``PackageRejected``; the other knobs had no variable at all."""
+    """Each is refused before anything starts: a sweep of 0 would make an idle broker spin a
+    core; an ftp:// public URL would fail every job ``PackageRejected``."""
     home = tmp_path / "home"
     argv = ["serve"] if "FIREPOOL_PORT" in env else ["serve", "--port", str(free_port())]
     try:
@@ -91,8 +90,8 @@ def test_serve_refuses_a_bad_variable_before_starting(
 
 
 def test_token_never_makes_a_signing_key(tmp_path: Path) -> None:
-    """Run outside the broker's home, ``firepool token`` made a new ./.firepool/signing.key
-    and printed a token the broker refused with 401."""
+    """Run outside the broker's home, ``firepool token`` refuses: a key of its own would sign
+    tokens the broker refuses with 401."""
     proc = _firepool(tmp_path, {}, "token", "--caller", "me")
     home = (tmp_path / ".firepool").resolve()
     assert _one_error_line(proc) == (
@@ -104,7 +103,7 @@ def test_token_never_makes_a_signing_key(tmp_path: Path) -> None:
 
 
 def test_down_on_a_home_that_does_not_exist_exits_2(tmp_path: Path) -> None:
-    """A typo in FIREPOOL_HOME said "stopped 0 local pod(s)", exit 0, while the pods ran on."""
+    """A typo in FIREPOOL_HOME must not say "no running pods", exit 0, while the pods run on."""
     home = tmp_path / "no-such-home"
     err = _one_error_line(_firepool(tmp_path, {"FIREPOOL_HOME": str(home)}, "down"))
     assert err == f"error: FIREPOOL_HOME={home} does not exist: no pods to stop there\n"
