@@ -54,6 +54,14 @@ _RECORD_RETRY_MAX_S = 5.0
 """Longest pause between two tries to record an outcome while the store is down."""
 
 
+def _retry_note(job: Job) -> str:
+    """`` (retry N after CLASS)`` for a job queued again after a failed attempt, else ``""``."""
+    if not job.retries:
+        return ""
+    error = job.attempts[-1].error if job.attempts else None
+    return f" (retry {job.retries} after {(error or {}).get('class', 'a failed attempt')})"
+
+
 class Dispatcher:
     """Owns the in-memory queue and every live (queued or running) job."""
 
@@ -115,6 +123,10 @@ class Dispatcher:
         self._queue.append(job)
         self._queue_dirty = True
         self._new_demand = True
+        log.info(
+            "job %s queued: %s v%d for %s on %s%s", job.id, job.function, job.version,
+            job.caller, job.sku, _retry_note(job),
+        )  # fmt: skip
         self.wake()
 
     def queued(self) -> list[Job]:
@@ -139,6 +151,12 @@ class Dispatcher:
                     del self._waiters[job_id]
 
     def _resolve(self, job: Job) -> None:
+        end = job.finished or self.clock()
+        log.info(
+            "job %s ended %s%s %.3f s after submission%s", job.id, job.state,
+            f" {job.error.get('class')}" if job.error else "", end - job.submitted,
+            f" (ran {end - job.started:.3f} s)" if job.started is not None else "",
+        )  # fmt: skip
         self.counters[f"jobs_{str(job.state).lower()}"] += 1
         self.live.pop(job.id, None)
         for fut in self._waiters.pop(job.id, []):
@@ -221,8 +239,8 @@ class Dispatcher:
             await self.store.update(job, revision)
         except Exception as exc:
             # No user code ran: give the pods back exactly as they were, and the claim's
-            # count (it was counted when made; a job re-queued by a store outage counted
-            # twice: adversarial run).
+            # count (taken when the claim was made; left in place, a job re-queued by a store
+            # outage would count twice).
             del self.starting[job.id]
             self.tracker.unclaim(job.id, self.clock())
             self.counters[f"path_{lease.path}"] -= 1
@@ -239,6 +257,10 @@ class Dispatcher:
             return
         del self.starting[job.id]
         self.tracker.launched(job.id, self.clock())
+        log.info(
+            "job %s started: attempt %s on %s, path %s%s", job.id, attempt.id,
+            ",".join(lease.pods), lease.path, f" ({lease.reason})" if lease.reason else "",
+        )  # fmt: skip
         owner_unrecorded = None
         first_use = lease.path not in ("warm", "recycled")
         retire = {"single_use": "single_use", "recycled": "session_boundary"}.get(lease.path)
@@ -345,8 +367,8 @@ class Dispatcher:
         )
         if outcome.state == "cancelled" and not cancelled:
             # Nobody asked: the agent ended the attempt on its own (a reset or a shutdown
-            # that was not ours). It read CANCELLED to the caller (adversarial run, a full
-            # disk); it is the pod failing under the job.
+            # that was not ours, as on a full disk): the pod failing under the job, which
+            # must not read CANCELLED to the caller.
             message = (outcome.error or {}).get("message", "")
             outcome = Outcome.pod_lost(
                 list(outcome.lost_pods or pods), f"the pod's agent ended the attempt: {message}"
@@ -486,4 +508,16 @@ class Dispatcher:
 
     async def stop(self, drain_s: float) -> None:
         self.halt()
+        queued = {job.id for job in self._queue}
+        running = [job_id for job_id in self.live if job_id not in queued]
+        log.info(
+            "stopping: %d running job(s) get up to %.0f s to end; %d queued stay in the store",
+            len(running), drain_s, len(queued),
+        )  # fmt: skip
         await self._tasks.stop(drain_s)
+        queued = {job.id for job in self._queue}  # with those whose attempt ended for a retry
+        left = [job_id for job_id in running if job_id in self.live and job_id not in queued]
+        log.info(
+            "stopped: %d of %d running job(s) ended within the drain, %d still running; "
+            "%d queued", len(running) - len(left), len(running), len(left), len(queued),
+        )  # fmt: skip
