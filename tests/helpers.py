@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import threading
 import time
 import zipfile
@@ -32,6 +33,7 @@ from functions.sdk import Client
 from gateway.app import create_app
 from gateway.auth import Authenticator, Role
 from gateway.harness import free_port, kill_pods
+from pod_runtime.localpod import UnixHTTPConnection
 from pool_manager.backends.fake import FakeBackend
 
 
@@ -107,6 +109,33 @@ def threaded_broker(
         thread.join(timeout=30)
         if not keep_pods and not isinstance(broker.backend, FakeBackend):
             kill_pods(home)
+
+
+def agent_health(home: Path, pod: str) -> dict[str, Any]:
+    """The ``/healthz`` answer of local pod ``pod``'s agent (its endpoint from the pod's
+    record under ``home``): ``attempts`` lists the attempts it holds."""
+    endpoint = json.loads((home / "pods" / f"{pod}.json").read_text())["endpoint"]
+    agent = UnixHTTPConnection(endpoint.removeprefix("unix:"), 10.0)
+    try:
+        agent.request("GET", "/healthz")
+        answer: dict[str, Any] = json.loads(agent.getresponse().read())
+        return answer
+    finally:
+        agent.close()
+
+
+def wait_at_agent(home: Path, job: dict[str, Any], timeout_s: float = 30.0) -> str:
+    """Wait until ``job``'s last attempt (a RUNNING job's record, on a broker whose home is
+    ``home``) is held by its first pod's agent: launched there, no longer only claimed (a
+    broker killed before the launch re-queues the job; after it, it re-attaches). Returns
+    the pod."""
+    attempt = job["attempts"][-1]
+    pod = str(attempt["pods"][0])
+    deadline = time.monotonic() + timeout_s
+    while attempt["id"] not in agent_health(home, pod)["attempts"]:
+        assert time.monotonic() < deadline, f"{attempt['id']} never reached the agent of {pod}"
+        time.sleep(0.02)
+    return pod
 
 
 def make_wheel(directory: Path, value: str, extra: dict[str, bytes] | None = None) -> Path:

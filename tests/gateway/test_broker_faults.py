@@ -30,7 +30,7 @@ from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
-from tests.helpers import ThreadedBroker, make_wheel, threaded_broker
+from tests.helpers import ThreadedBroker, make_wheel, threaded_broker, wait_at_agent
 
 FAULT = "raise inside the executor"
 
@@ -114,13 +114,13 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
 
 def _running(served: ThreadedBroker, seconds: float, max_retries: int) -> tuple[Client, str, str]:
     """A user's client, the id of a ``behaviours:sleep`` job of ``seconds`` (deployed with
-    ``max_retries``) and its pod, once it runs there."""
+    ``max_retries``) and its pod, once its agent holds it."""
     with served.client("dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="sleep", sku="cpu", entrypoint="behaviours:sleep",
                   max_retries=max_retries)  # fmt: skip
     fp = served.client("user", Role.INVOKE)
     job_id = fp.submit("sleep", seconds)
-    return fp, job_id, wait_running(fp, job_id)["attempts"][-1]["pods"][0]
+    return fp, job_id, wait_at_agent(served.home, wait_running(fp, job_id))
 
 
 def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -> None:
@@ -168,7 +168,6 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
     with threaded_broker(tmp_path / "home") as served:
         fp, job_id, pod = _running(served, 2, max_retries=1)
         with fp:
-            time.sleep(0.5)  # the function sleeps
             agent = UnixHTTPConnection(
                 served.broker.pods.endpoints[pod].removeprefix("unix:"), 10.0
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from tests.conftest import BEHAVIOURS, EXAMPLES, scratch_database, wait_running
+from tests.helpers import wait_at_agent
 
 CATALOG = "pools:\n  cpu: {min_count: 1, max_count: 4}\n"
 
@@ -40,8 +40,7 @@ def test_invoke_reuse_and_crash_recovery_on_every_store(
             assert second["acquisition"]["path"] == "warm"
             assert second["output"] == {"a": 2}
             running = fp.submit("sleep", 1.5)
-            wait_running(fp, running)
-            time.sleep(0.3)  # launched at the agent (a kill before launch re-queues instead)
+            wait_at_agent(home, wait_running(fp, running))  # a kill before re-queues it
         port = int(server.url.rsplit(":", 1)[1])
         server.kill()
         server = start_broker(home, CATALOG, port=port, extra_env=store_env)

@@ -8,6 +8,7 @@ import time
 
 from gateway.auth import Role
 from tests.conftest import BEHAVIOURS, BrokerServer, cancel_with_agent_stopped, wait_running
+from tests.helpers import wait_at_agent
 
 
 def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
@@ -17,9 +18,7 @@ def test_a_cancel_its_agent_does_not_answer_ends_the_job_and_deletes_the_pod(
         fp.deploy(BEHAVIOURS, name="sleeper", sku="cpu", entrypoint="behaviours:sleep")
     with broker_server.client("stopper") as fp:
         job_id = fp.submit("sleeper", 120, lease_tag="s", timeout_s=300)
-        job = wait_running(fp, job_id)
-        time.sleep(1.0)  # handed to the agent: the function is sleeping its 120 s
-        pod = job["attempts"][-1]["pods"][0]
+        pod = wait_at_agent(broker_server.home, wait_running(fp, job_id))
         job, took = cancel_with_agent_stopped(fp, job_id, pod)
     assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
     assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]

@@ -70,12 +70,13 @@ def test_standbys_share_their_actives_card_count_once_and_are_not_promoted_unver
 ) -> None:
     _hold_both_cards(gpu_broker)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while True:
         pods = [p for p in _pods(gpu_broker) if p["sku"] == "h200"]
         standbys = [p for p in pods if p["role"] == "standby" and p["state"] == "IDLE"]
         if len(standbys) >= 2:
             break
-        time.sleep(0.2)
+        assert time.monotonic() < deadline, pods
+        time.sleep(0.1)
     actives = {p["gpu"] for p in pods if p["role"] == "active"}
     assert {p["gpu"] for p in standbys} <= actives, "a standby sits on its active's card"
     with gpu_broker.client("ops", Role.ADMIN) as fp:
@@ -85,32 +86,34 @@ def test_standbys_share_their_actives_card_count_once_and_are_not_promoted_unver
     # card the sweep never verified, so the job must wait (here: until we give up).
     with gpu_broker.client("gpu-c") as fp:
         job_id = fp.submit("gpu-env", None)
-        time.sleep(2.0)
+        time.sleep(2.0)  # nothing to wait for: a promotion would come on the pass the submit wakes
         job = fp.job(job_id)
         assert job["state"] == "QUEUED", job.get("acquisition")
         fp.cancel(job_id)
 
 
 def test_a_pool_whose_creates_fail_backs_off_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A GPU pool on a host without its card: every create fails. They were retried in a
-    tight loop (11,000 to 16,000 log lines in 10 s, half a core: adversarial run); now the
-    pool backs off (1 s, doubling) and ``/v1/pools`` says why its jobs wait."""
+    """A GPU pool on a host without its card: every create fails. The pool backs off (1 s,
+    doubling: failures at about 0, 1 and 3 s), not retrying in a tight loop (thousands of
+    log lines a second), and ``/v1/pools`` says why its jobs wait."""
     catalog = "budgets: {h200: 1}\npools:\n  h200: {accelerator: h200, max_count: 1}\n"
     server = start_broker(tmp_path / "home", catalog)
     try:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(BEHAVIOURS, name="gpu-env", sku="h200", entrypoint="behaviours:gpu_env")
-        with server.client("gpu-a") as fp:
+        with server.client("gpu-a") as fp, server.client("ops", Role.ADMIN) as ops:
             job_id = fp.submit("gpu-env", None)
-            time.sleep(4.0)  # failures at about 0, 1 and 3 s
+            deadline = time.monotonic() + 30
+            while (failing := ops.pools()["pools"]["h200"]["failing"]) is None or failing[
+                "in_a_row"
+            ] < 2:
+                assert time.monotonic() < deadline, failing
+                time.sleep(0.05)
+            failures = server.log().count("create of pod h200-")
             assert fp.job(job_id)["state"] == "QUEUED"
-        with server.client("ops", Role.ADMIN) as fp:
-            failing = fp.pools()["pools"]["h200"]["failing"]
     finally:
         server.stop()
         kill_pods(tmp_path / "home")
-    failures = server.log().count("create of pod h200-")
-    assert 2 <= failures <= 5, failures
-    assert failing["in_a_row"] == failures, failing
+    assert failing["in_a_row"] == failures <= 3, (failing, failures)
     assert "no free h200 GPU" in failing["last_error"], failing
     assert 0 < failing["next_create_in_s"] <= 4, failing

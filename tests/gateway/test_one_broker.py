@@ -172,8 +172,10 @@ def test_a_running_broker_that_lost_its_home_lock_to_another_stops_dispatching(
     lock = home / "broker.lock"
     try:
         lock.unlink()
-        time.sleep(1.0)  # five checks
-        assert lock.read_text() == f"{server.proc.pid}\n", "taken again at its path"
+        deadline = time.monotonic() + 10
+        while not lock.exists() or lock.read_text() != f"{server.proc.pid}\n":
+            assert time.monotonic() < deadline, "not taken again at its path"
+            time.sleep(0.02)  # the next check (every 0.2 s) takes it again
         assert httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200
         lock.unlink()
         with lock.open("w") as other:  # another broker gets in while the path is gone

@@ -156,11 +156,15 @@ def test_a_followed_log_starts_again_with_a_retried_attempt(broker_server: Broke
 
         def follow() -> None:  # its own client: an httpx client is not shared across threads
             with broker_server.client("ops-retry") as own:
-                got.extend(own.iter_logs(job_id, follow=True))
+                for chunk in own.iter_logs(job_id, follow=True):
+                    got.append(chunk)
 
         follower = threading.Thread(target=follow)
         follower.start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30
+        while not got:  # the follower is into the first attempt's log
+            assert time.monotonic() < deadline, "the follower read nothing"
+            time.sleep(0.02)
         pod = fp.job(job_id)["attempts"][-1]["pods"][0]
         stop_pod(broker_server.home / "pods" / pod)
         follower.join(timeout=120)

@@ -164,21 +164,24 @@ def test_until_its_running_commit_lands_a_job_reads_queued(
     """GET read RUNNING while the RUNNING commit was still in flight: a crash then re-queued
     the job (nothing of it had run), and it read QUEUED again (a crash test that trusted the
     RUNNING it read failed 1 of 4 runs)."""
-    entered = threading.Event()
+    entered, released = threading.Event(), threading.Event()
     real_update = JobStore.update
 
     async def slow_running_commit(self: JobStore, job: Job, revision: int) -> Any:
         if job.input == "slow start" and job.state is JobState.RUNNING and not entered.is_set():
-            entered.set()
-            await asyncio.sleep(2.0)
+            entered.set()  # the commit is in flight until the test has read and cancelled
+            await asyncio.to_thread(released.wait, 30)
         return await real_update(self, job, revision)
 
     monkeypatch.setattr(JobStore, "update", slow_running_commit)
     with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
         job_id = fp.submit("noop", "slow start")
-        assert entered.wait(30), "the job never started"
-        seen = [fp.job(job_id)["state"] for _ in range(3)]
-        cancel_answer = fp.cancel(job_id)["state"]
+        try:
+            assert entered.wait(30), "the job never started"
+            seen = [fp.job(job_id)["state"] for _ in range(3)]
+            cancel_answer = fp.cancel(job_id)["state"]
+        finally:
+            released.set()
         done = fp.wait(job_id, timeout_s=30)
     assert seen == ["QUEUED"] * 3, seen
     assert cancel_answer == "QUEUED", "answered as the store has it"

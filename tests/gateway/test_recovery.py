@@ -16,7 +16,7 @@ from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
-from tests.helpers import threaded_broker
+from tests.helpers import threaded_broker, wait_at_agent
 
 CATALOG = (
     "budgets: {cpu: 8}\n"
@@ -56,11 +56,10 @@ def test_a_reattached_job_whose_agent_falls_silent_can_still_be_cancelled(
     agent does not answer abandons it there too, instead of waiting out its timeout."""
     with crashy[0].client("reattach-cancel") as fp:
         job_id = fp.submit("sleep", 120, timeout_s=300)
-        job = wait_running(fp, job_id)
-    time.sleep(1.0)  # handed to the agent: the function sleeps
+        pod = wait_at_agent(crashy[0].home, wait_running(fp, job_id))
     server = _restart(crashy)
     with server.client("reattach-cancel") as fp:
-        job, took = cancel_with_agent_stopped(fp, job_id, job["attempts"][-1]["pods"][0])
+        job, took = cancel_with_agent_stopped(fp, job_id, pod)
     assert job["state"] == "CANCELLED" and job["error"]["class"] == "Cancelled", job
     # Abandoned by the cancel, not found lost by the re-attached wait's next poll (30 s on).
     assert job["attempts"][-1]["error"]["class"] == "Cancelled", job["attempts"]
@@ -89,8 +88,7 @@ def test_a_job_running_through_a_crash_is_reattached_and_runs_once(
     server = crashy[0]
     with server.client("reattach") as fp:
         job_id = fp.submit("sleep", 2.0)
-        wait_running(fp, job_id, timeout_s=30)
-    time.sleep(0.3)
+        wait_at_agent(server.home, wait_running(fp, job_id, timeout_s=30))
     server = _restart(crashy)
     with server.client("reattach") as fp:
         job = fp.wait(job_id, timeout_s=60)
@@ -256,9 +254,8 @@ def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
             if case == "recycled":
                 before = fp.invoke("sleep", 0, lease_tag="s1")["attempts"][0]["pods"]
             job_id = fp.submit("once" if case == "single_use" else "sleep", 2.0, lease_tag="s2")
-            wait_running(fp, job_id, timeout_s=30)
+            wait_at_agent(home, wait_running(fp, job_id, timeout_s=30))
             assert fp.job(job_id)["acquisition"]["path"] == case
-        time.sleep(0.5)
         server.kill()
         server = start_broker(home, ONE_POD, port=int(server.url.rsplit(":", 1)[1]))
         with server.client("alice") as fp:
