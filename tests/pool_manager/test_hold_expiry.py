@@ -26,7 +26,7 @@ from tests.pool_manager.builders import (
     run_job,
     state_of,
 )
-from tests.pool_manager.test_tracker_stateful import ControlPlane
+from tests.pool_manager.control_plane import ControlPlane
 
 
 def _ended(t: Tracker, now: float) -> set[str]:
