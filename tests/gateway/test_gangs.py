@@ -75,7 +75,7 @@ def test_a_gang_ends_when_one_rank_fails_not_when_the_others_finish(
     with broker_server.client("gang-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="rank-fails", sku="cpu",
                   entrypoint="behaviours:rank_one_fails", pods=2, max_retries=0)  # fmt: skip
-    with broker_server.client("gang-user") as fp:
+    with broker_server.client("gang-failer") as fp:  # its pods are no other test's to recycle
         started = time.monotonic()
         job = fp.invoke("rank-fails", 60)
         took = time.monotonic() - started
