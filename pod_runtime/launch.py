@@ -209,8 +209,8 @@ def _recent_host_secrets(skip: Sequence[str]) -> tuple[list[str], list[str]]:
 
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 """Kernel settings a pod's fresh /proc would leave writable to its uid 0 (the agent, or a job
-where jobs keep the agent's uid): ``/proc/sys/kernel/core_pattern`` alone ran a job's script
-as root on the host (adversarial run). Docker makes the same read-only."""
+where jobs keep the agent's uid): ``/proc/sys/kernel/core_pattern`` alone would run a job's
+script as root on the host. Docker makes the same read-only."""
 PROC_HIDDEN = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug")
 """And what Docker masks: kernel memory, keys, timers, the scheduler's view of every task."""
 

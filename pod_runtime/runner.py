@@ -186,7 +186,7 @@ class Runner:
             writable = (self.layout.scratch, self.layout.gpu_accounting, attempt.out)
             jobuser.hand_over(writable, job_uid)
             # The package's files too: a job may update what it shipped (a SQLite file, a
-            # config); extracted as root, they were read-only to it.
+            # config); extracted as root, they would be read-only to it.
             await finish_in_thread(jobuser.hand_over_tree, self.layout.pkg, job_uid)
         env, dropped = build_job_env(
             pod_env=os.environ,
@@ -343,7 +343,7 @@ class Runner:
                 result.fail(ErrorClass.FUNCTION_ERROR, "the process exited without a result")
             elif code == job_main.RUNTIME_FAILED:
                 # job_main's own failure, not the function's (its log says which): a full disk
-                # writing the result read NonZeroExit, the caller's fault (adversarial run).
+                # writing the result must not read NonZeroExit, the caller's fault.
                 # Retried on another pod only if no user code ran (``retry_policy``).
                 result.fail(
                     ErrorClass.INTERNAL,
@@ -404,7 +404,7 @@ async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
 def _exec_failure(attempt: Attempt) -> str:
     """``": <why>"`` if ``job_main`` could not start the command (it wrote why before exiting
     127: a script without its execute bit, an argument list over the kernel's limit); else
-    ``""``. Those were only ``exited with code 127``, the cause in the log (adversarial run)."""
+    ``""``. Without it those read only ``exited with code 127``, the cause in the log."""
     try:
         data = orjson.loads(read_capped(attempt.out / "result.json", 4096))
     except (OSError, OutputTooLarge, orjson.JSONDecodeError):
