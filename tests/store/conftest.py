@@ -9,8 +9,6 @@ concurrent runs never collide.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -18,9 +16,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from broker.jobs import Job
 from broker.store import JobStore, migrate, open_store
-from functions.spec import FunctionSpec
 from tests.conftest import scratch_database
 
 
@@ -67,33 +63,3 @@ async def store(store_url: str) -> AsyncIterator[JobStore]:
         yield opened
     finally:
         await opened.close()
-
-
-_counter = iter(range(1_000_000))
-
-
-def make_job(**overrides: Any) -> Job:
-    """A QUEUED job with distinct id and submit time; override any field."""
-    n = next(_counter)
-    fields: dict[str, Any] = {
-        "id": f"job-{n:06d}-{secrets.token_hex(3)}",
-        "function": "echo",
-        "version": 1,
-        "caller": "alice",
-        "sku": "cpu-small",
-        "input": {"n": n},
-        "submitted": time.time() + n * 1e-3,
-    }
-    fields.update(overrides)
-    return Job(**fields)
-
-
-def make_spec(**overrides: Any) -> FunctionSpec:
-    fields: dict[str, Any] = {
-        "name": "echo",
-        "sku": "cpu-small",
-        "package_digest": "a" * 64,
-        "entrypoint": "main:handler",
-    }
-    fields.update(overrides)
-    return FunctionSpec(**fields)

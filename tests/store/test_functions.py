@@ -6,7 +6,7 @@ import pytest
 
 from broker.store import JobStore
 from functions.errors import Forbidden
-from tests.store.conftest import make_spec
+from tests.store.builders import make_spec
 
 
 async def test_each_registration_is_the_next_version(store: JobStore) -> None:

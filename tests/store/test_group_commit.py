@@ -15,7 +15,7 @@ from broker.store import JobStore
 from broker.store.writer import WriteContext
 from functions.errors import Conflict
 from pool_manager.states import JobState
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 
 async def held_batch(store: JobStore, writes: list[Awaitable[Any]]) -> list[Any]:
@@ -144,7 +144,7 @@ async def test_writes_to_one_job_in_one_batch_apply_in_order(store: JobStore) ->
 
 
 async def test_a_mixed_batch_commits_every_kind_of_write(store: JobStore) -> None:
-    from tests.store.conftest import make_spec
+    from tests.store.builders import make_spec
 
     keyed = make_job(idempotency_key="k", request_hash="h")
     plain = [make_job() for _ in range(3)]

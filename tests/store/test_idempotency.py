@@ -8,7 +8,7 @@ import pytest
 
 from broker.store import JobStore, open_store
 from functions.errors import IdempotencyMismatch
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 
 async def test_the_same_key_and_body_returns_the_stored_job(store: JobStore) -> None:

@@ -13,7 +13,7 @@ from broker.store import JobStore, StaleRevision, open_store
 from broker.store.codec import MUTABLE_JOB_COLUMNS
 from functions.errors import Conflict, NotFound
 from pool_manager.states import IllegalTransition, JobState
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 
 def full_job() -> Job:

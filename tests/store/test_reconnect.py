@@ -9,7 +9,7 @@ from sqlalchemy.pool import NullPool
 
 from broker.store import open_store
 from pool_manager.states import JobState
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 pytestmark = pytest.mark.mysql
 

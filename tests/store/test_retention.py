@@ -9,7 +9,7 @@ from broker.jobs import output_value
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.engine import make_engines
 from pool_manager.states import JobState
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 HOUR = 3600.0
 

@@ -12,7 +12,7 @@ from broker.store import SchemaError, StoreSettings, migrate, open_store
 from broker.store.codec import job_row
 from broker.store.engine import make_engines
 from broker.store.schema import current_revision, head_revision, upgrade_to
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 
 def revision_of(url: str) -> str | None:

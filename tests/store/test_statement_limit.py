@@ -11,7 +11,7 @@ from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD, sent_size
 from functions.errors import TooLarge
 from pool_manager.states import JobState
-from tests.store.conftest import make_job
+from tests.store.builders import make_job
 
 LIMIT = 200_000
 
