@@ -18,7 +18,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +27,7 @@ from broker.agent_client import AgentClient
 from broker.dispatcher import Dispatcher
 from broker.exclusive import BrokerLocks
 from broker.executor import Executor
+from broker.function_registry import FunctionRegistry
 from broker.job_logs import JobLogs
 from broker.jobs import Job
 from broker.keys import load_or_create_key
@@ -41,8 +42,7 @@ from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
 from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.spec import FunctionSpec
-from functions.stores import PackageStore, UrlSigner, local_file, open_package_store
-from pod_runtime.jobenv import MAX_USER_VARS, MAX_VALUE, user_var_allowed
+from functions.stores import PackageStore, UrlSigner, open_package_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
 from pool_manager.backends.local import unsandboxed_reason
@@ -62,29 +62,6 @@ def new_job_id() -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
     (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
     return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
-
-
-def check_function_env(env: Mapping[str, str]) -> None:
-    """``InvalidRequest`` (field ``env``) for a variable the pod's agent would drop
-    (``pod_runtime.jobenv.user_var_allowed``: a reserved name such as ``LD_PRELOAD``, a name
-    that is not an identifier, a value over 32 KiB) or more than 256 of them: otherwise they
-    would be stored, then silently missing from every job."""
-    if len(env) > MAX_USER_VARS:
-        raise InvalidRequest(
-            f"env has {len(env)} variables; a job gets at most {MAX_USER_VARS}", field="env"
-        )
-    for name, value in env.items():
-        if len(value) > MAX_VALUE:
-            raise InvalidRequest(
-                f"env {name}: the value is {len(value)} characters; the cap is {MAX_VALUE}",
-                field="env",
-            )
-        if not user_var_allowed(name, value):
-            raise InvalidRequest(
-                f"env {name!r} is reserved by the pod or not a valid variable name "
-                "(docs/pod_runtime.md lists the names a job's environment may not set)",
-                field="env",
-            )
 
 
 def check_pod_isolation(settings: Settings) -> str | None:
@@ -160,9 +137,7 @@ class Broker:
         self.agents = AgentClient()
         self.logs = LogArchive(home / "logs")
         self.clock = time.time
-        self._latest: dict[str, FunctionSpec] = {}
-        self._changes: Counter[str] = Counter()
-        """Registers and deletes begun per function name (``_cache_latest``)."""
+        self._functions: FunctionRegistry | None = None
         self.locks = BrokerLocks(home, settings.resolved_store_url)
         """Held from ``start`` to ``stop`` (or taken earlier by ``firepool serve``)."""
         self.store: JobStore | None = None
@@ -235,6 +210,9 @@ class Broker:
             reconcile_s=self.settings.reconcile_s,
         )
         self.counters = self._dispatcher.counters
+        self._functions = FunctionRegistry(
+            self.catalog, self.packages, self.store, self._dispatcher.specs
+        )
         self._logs = JobLogs(
             self._dispatcher, pods.endpoints, self.agents, recycler, self.logs, self.get_job
         )
@@ -307,78 +285,31 @@ class Broker:
         await asyncio.to_thread(self.locks.release)
 
     # -- functions ----------------------------------------------------------------------
+    @property
+    def functions(self) -> FunctionRegistry:
+        assert self._functions is not None, "broker not started"
+        return self._functions
+
     async def function_version(self, name: str, version: int) -> FunctionSpec | None:
-        key = (name, version)
-        spec = self.dispatcher.specs.get(key)
-        if spec is None:
-            spec = await self.jobs.get_function(name, version)
-            if spec is not None:
-                self.dispatcher.specs[key] = spec
-        return spec
+        """Version ``version`` of ``name``, even if deleted since (queued jobs name it)."""
+        return await self.functions.version(name, version)
 
     async def latest_function(self, name: str) -> FunctionSpec:
-        spec = self._latest.get(name)
-        if spec is None:
-            changes = self._changes[name]
-            spec = await self.jobs.get_function(name)
-            if spec is None:
-                raise NotFound(f"no function named {name!r}")
-            self._cache_latest(spec, changes)
-            self.dispatcher.specs[(spec.name, spec.version)] = spec
-        return spec
-
-    def _cache_latest(self, spec: FunctionSpec, changes: int) -> None:
-        """Cache ``spec`` as its name's latest version, unless a register or delete of the
-        name ran while it was read or written (``changes`` is the count before): a read that
-        began before a delete committed would otherwise cache the deleted function for good,
-        served and invoked while the store has it gone."""
-        if self._changes[spec.name] == changes:
-            self._latest[spec.name] = spec
+        """``name``'s latest version; ``NotFound`` if there is none."""
+        return await self.functions.latest(name)
 
     async def register_function(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
-        """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
-        the field for a spec no job of it could ever run: an unknown pool, a gang larger
-        than the pool's ceiling or its accelerator's budget, a package not uploaded; and
-        ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
-        spec.validate()
-        check_function_env(spec.env)
-        pool = self.catalog.pool(spec.sku)
-        budget = self.catalog.budget(pool.accelerator)
-        most = pool.max_count
-        if budget is not None:
-            most = min(most, budget // max(1, pool.units_per_pod))
-        if spec.pods > most:
-            raise InvalidRequest(
-                f"pods ({spec.pods}) exceeds what pool {spec.sku!r} can ever hold at once "
-                f"({most}: its max_count, and its {pool.accelerator} budget)",
-                field="pods",
-            )
-        if not await self.may_use_package(spec.package_digest, spec.owner, as_admin):
-            raise InvalidRequest(
-                "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
-            )
-        await asyncio.to_thread(self._check_package, spec.package_digest)
-        if spec.requirements_digest and not await self.may_use_package(
-            spec.requirements_digest, spec.owner, as_admin
-        ):
-            raise InvalidRequest("upload the requirements file first", field="requirements")
-        self._forget_latest(spec.name)
-        try:
-            # Not cached here: of registrations racing, this one's version may not be the
-            # latest; the next read takes the latest from the store.
-            stored = await self.jobs.put_function(spec, as_admin=as_admin)
-        finally:
-            self._forget_latest(spec.name)
-        self.dispatcher.specs[(stored.name, stored.version)] = stored
-        return stored
+        """Store a new version of ``spec`` (``FunctionRegistry.register`` says what it
+        refuses)."""
+        return await self.functions.register(spec, as_admin)
+
+    async def delete_function(self, name: str, caller: str | None = None) -> bool:
+        """Hide every version of ``name`` (``FunctionRegistry.delete``)."""
+        return await self.functions.delete(name, caller)
 
     async def may_use_package(self, digest: str, caller: str, as_admin: bool) -> bool:
-        """Whether the package ``digest`` is stored and ``caller`` may register functions on
-        it: an admin, or a caller who uploaded its bytes (``JobStore.uploaded_by``). Every
-        other caller is told it is not there (no existence oracle)."""
-        if not await asyncio.to_thread(self.packages.exists, digest):
-            return False
-        return as_admin or await self.jobs.uploaded_by(digest, caller)
+        """Whether ``caller`` may register functions on the package ``digest``."""
+        return await self.functions.may_use_package(digest, caller, as_admin)
 
     async def upload_package(
         self, digest: str, chunks: AsyncIterator[bytes], caller: str, is_zip: bool
@@ -404,32 +335,6 @@ class Broker:
         if path is not None:
             return path
         return await asyncio.to_thread(self.packages.open, digest)
-
-    def _check_package(self, digest: str) -> None:
-        """``PackageRejected`` unless the stored package is a zip the pod's agent will
-        extract (``check_package_file``, on the store's own file where it keeps one)."""
-        with local_file(self.packages, digest) as path:
-            check_package_file(path)
-
-    async def delete_function(self, name: str, caller: str | None = None) -> bool:
-        """Hide every version of ``name``; ``Forbidden`` unless ``caller`` owns it (None: an
-        admin). Its queued jobs then fail ``NotFound`` when their turn comes (the dispatcher
-        reads the version again), as after a restart, rather than run the deleted version;
-        running ones finish."""
-        self._forget_latest(name)
-        try:
-            return await self.jobs.delete_function(name, caller)
-        finally:
-            self._forget_latest(name)
-            specs = self.dispatcher.specs
-            for key in [key for key in specs if key[0] == name]:
-                del specs[key]
-
-    def _forget_latest(self, name: str) -> None:
-        """Around a register or delete: drop the cached latest version, and make any read
-        overlapping the write cache nothing (``_cache_latest``)."""
-        self._changes[name] += 1
-        self._latest.pop(name, None)
 
     # -- jobs ---------------------------------------------------------------------------
     def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:
