@@ -10,10 +10,8 @@ takes it up again (``broker.recovery``).
 from __future__ import annotations
 
 import asyncio
-import getpass
 import hashlib
 import logging
-import os
 import random
 import secrets
 import time
@@ -40,12 +38,11 @@ from broker.settings import Settings, private_home
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
-from functions.errors import Forbidden, InvalidRequest, NotFound
+from functions.errors import Forbidden, NotFound
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, open_package_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
-from pool_manager.backends.local import unsandboxed_reason
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
@@ -62,48 +59,6 @@ def new_job_id() -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
     (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
     return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
-
-
-def check_pod_isolation(settings: Settings) -> str | None:
-    """Whether ``firepool serve`` may start with ``settings``' pods: None when every job runs
-    in the sandbox, where it sees none of the broker's state. Otherwise (no working bubblewrap,
-    the sandbox off, or the fake backend, whose jobs run in the broker's process) each job
-    would run as the broker's user and read its signing key (and so mint admin tokens) and its
-    job store: ``InvalidRequest`` naming the variable, unless the operator opted in
-    (``allow_unsandboxed``), and then the warning to show on the console."""
-    if settings.backend == "fake":
-        why = "FIREPOOL_BACKEND=fake runs every job inside the broker's own process"
-        fix = "Run them on local pods (FIREPOOL_BACKEND=local) to sandbox them"
-    else:
-        reason = unsandboxed_reason(settings.sandbox)
-        if reason is None:
-            return None
-        if settings.sandbox:
-            raise InvalidRequest(
-                f"FIREPOOL_SANDBOX=1 but pods cannot be sandboxed here: {reason}",
-                field="FIREPOOL_SANDBOX",
-            )
-        why, fix = reason, "Install bubblewrap (apt-get install bubblewrap) to sandbox them"
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # a uid without a name (a container's)
-        user = f"uid {os.getuid()}"
-    exposed = (
-        f"pods are not sandboxed here ({why}): every job would run as this broker's user "
-        f"({user}) and could read its signing key (and so mint admin tokens) and its job store "
-        "(every caller's inputs and outputs)"
-    )
-    if not settings.allow_unsandboxed:
-        raise InvalidRequest(
-            f"{exposed}. {fix}, or, if every caller may act as this user, start anyway with "
-            "FIREPOOL_ALLOW_UNSANDBOXED=1 (`firepool serve --allow-unsandboxed`)",
-            field="FIREPOOL_ALLOW_UNSANDBOXED",
-        )
-    return (
-        f"WARNING: {exposed}. Started anyway (FIREPOOL_ALLOW_UNSANDBOXED=1): give tokens only "
-        "to callers who may act as this user; install bubblewrap (apt-get install bubblewrap) "
-        "and restart to sandbox every job."
-    )
 
 
 class Broker:

@@ -281,7 +281,7 @@ class Settings:
     or ``sandbox`` off; FIREPOOL_ALLOW_UNSANDBOXED, ``serve --allow-unsandboxed``). Every job
     then runs as the broker's user and can read its signing key (and so mint admin tokens) and
     its job store: only where every caller may act as that user. Without it such a broker
-    refuses to start (``broker.service.check_pod_isolation``)."""
+    refuses to start (``broker.pod_isolation.check_pod_isolation``)."""
     result_retention_s: Retention = 7 * 86400.0
     """How long a finished job keeps its output and logs (FIREPOOL_RESULT_RETENTION_S); after
     it the job answers ``Expired``."""

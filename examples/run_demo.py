@@ -33,7 +33,7 @@ from typing import NoReturn
 import httpx
 
 from broker.exclusive import BrokerLocks
-from broker.service import check_pod_isolation
+from broker.pod_isolation import check_pod_isolation
 from broker.settings import Settings, private_home
 from examples import agent_loop
 from functions.errors import Conflict, InvalidRequest

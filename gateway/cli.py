@@ -96,7 +96,8 @@ def _client(args: argparse.Namespace) -> Client:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from broker.service import Broker, check_pod_isolation
+    from broker.pod_isolation import check_pod_isolation
+    from broker.service import Broker
     from gateway.app import create_app
 
     allow = args.allow_unsandboxed or None  # the flag wins; without it, the variable

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.service import check_pod_isolation
+from broker.pod_isolation import check_pod_isolation
 from broker.settings import Settings
 from functions.errors import InvalidRequest
 from functions.sdk import Client
