@@ -39,7 +39,8 @@ exit status:
   0  done; for invoke and logs --follow, the job SUCCEEDED
   1  the job FAILED or was CANCELLED (invoke, logs --follow)
   2  refused or unreachable: a bad option or input, the gateway's typed error
-     (printed as one `error:` line), no answer, or an answer that is not the API's"""
+     (printed as one `error:` line), no answer, or an answer that is not the API's
+  130  interrupted by Ctrl-C (SIGINT); serve exits so once it has stopped cleanly"""
 
 log = logging.getLogger("firepool.serve")
 
@@ -607,6 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if exc.filename else ""
         sys.stderr.write(f"error: {exc.strerror or exc}{where}\n")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C; for serve, uvicorn re-raises it after a clean stop
+        return 130
 
 
 if __name__ == "__main__":
