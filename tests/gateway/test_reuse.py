@@ -83,7 +83,10 @@ def test_in_switch_mode_a_new_session_ends_every_pod_of_the_callers_prior_sessio
 ) -> None:
     with switch_pool.client("switch-ann") as fp, ThreadPoolExecutor(2) as pool:
         long = pool.submit(fp.invoke, "sleep", 1.5, lease_tag="s1")
-        time.sleep(0.5)  # s1 is running, so s2 needs a pod of its own
+        deadline = time.monotonic() + 30
+        while not fp.jobs(state="running"):  # s1 holds its pod: s2 needs a pod of its own
+            assert time.monotonic() < deadline, "s1 never ran"
+            time.sleep(0.02)
         s2 = fp.invoke("noop", 2, lease_tag="s2")
         s1 = long.result()
         crossing = fp.invoke("noop", 3, lease_tag="s3")
