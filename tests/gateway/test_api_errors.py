@@ -223,8 +223,9 @@ def test_an_oversized_body_is_refused_with_TooLarge(fake_pod_broker: ThreadedBro
 def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(
     fake_pod_broker: ThreadedBroker,
 ) -> None:
-    """``Client.cancel("../functions/NAME")`` was ``DELETE /v1/functions/NAME`` once httpx had
-    collapsed the dots: ``firepool cancel`` deleted a function (adversarial run)."""
+    """An id or a name with a ``/`` or dots is refused before any request: else
+    ``Client.cancel("../functions/NAME")`` would be ``DELETE /v1/functions/NAME`` once httpx
+    collapsed the dots, and ``firepool cancel`` would delete a function."""
     with fake_pod_broker.client("walker", Role.DEPLOY) as fp:
         fp.deploy(EXAMPLES / "noop", name="walked", sku="cpu", entrypoint="noop:noop")
         with pytest.raises(InvalidRequest):  # a "/" is in no id or name

@@ -68,10 +68,10 @@ def test_a_broker_error_fails_the_job_as_internal_and_deletes_its_pods(
 def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The broker gave an attempt the job's ``timeout_s`` plus its grace, install included:
-    a slow install (a hanging index) ended ``PodLost`` and was retried on new pods (adversarial
-    run: 36 s and 3 pods per call). The install has its own budget, before the job's clock.
-    Here the grace is 1 s and the function's timeout 1 s, and the wheel takes 4 s to serve."""
+    """A slow install (a hanging index) is not a lost pod: the install has its own budget,
+    before the job's clock starts, so an attempt is not given up after the job's
+    ``timeout_s`` plus its grace and retried on new pods. Here the grace is 1 s and the
+    function's timeout 1 s, and the wheel takes 4 s to serve."""
     monkeypatch.setattr(executor_module, "GRACE_S", 1.0)
     wheel = make_wheel(tmp_path / "wheels", "served late")
 
@@ -138,9 +138,9 @@ def test_a_lost_pods_error_names_the_pod_not_the_brokers_files(tmp_path: Path) -
 def test_a_failing_job_store_answers_503_in_the_error_form(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A store that fails (a full disk: adversarial run) answered a bare ``500 Internal
-    Server Error`` in text; it is ``Unavailable`` (503, try again), in the API's error form,
-    and anything else unexpected is ``InternalError`` (500), not text."""
+    """A store that fails (a full disk) is ``Unavailable`` (503, try again) in the API's
+    error form, not a bare ``500 Internal Server Error`` in text; anything else unexpected is
+    ``InternalError`` (500), in the same form."""
 
     async def store_fails(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("INSERT ...", {}, Exception("database or disk is full"))
@@ -162,9 +162,9 @@ def test_a_failing_job_store_answers_503_in_the_error_form(
 def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
     tmp_path: Path,
 ) -> None:
-    """Nobody cancelled, yet the job ended CANCELLED when its agent stopped the attempt (a
-    reset the broker did not send: adversarial run, a full disk). That is the pod failing
-    under the job: PodLost, retried within max_retries."""
+    """An attempt its agent stopped on its own (a reset the broker did not send, as after a
+    full disk) is the pod failing under the job: PodLost, retried within max_retries, not
+    CANCELLED, since nobody cancelled."""
     with threaded_broker(tmp_path / "home") as served:
         fp, job_id, pod = _running(served, 2, max_retries=1)
         with fp:
@@ -188,8 +188,9 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
 def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The owner write was best-effort: with a full disk the job launched on pods no record
-    said were used, which a restarted broker could hand to another caller."""
+    """The owner is recorded on the pods before user code runs there: where it cannot be
+    (a full disk), the job does not launch, or a restarted broker could hand pods no record
+    says were used to another caller."""
     with threaded_broker(tmp_path / "home") as served:
         real_annotate = served.broker.backend.annotate
 
@@ -210,8 +211,8 @@ def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
 
 
 def test_an_idle_pod_that_stops_is_replaced_before_a_job_gets_it(tmp_path: Path) -> None:
-    """A floor pod killed while idle stayed IDLE; the next job was handed to it and failed
-    ``PodLost`` (``max_retries: 0``; adversarial run, 4 of 4)."""
+    """A floor pod killed while idle is noticed and replaced, not left IDLE for the next
+    job to fail ``PodLost`` on (``max_retries: 0``)."""
     catalog = "pools:\n  cpu: {min_count: 1, max_idle_count: 1, max_count: 2}\n"
     server = start_broker(tmp_path / "home", catalog)
     try:
@@ -246,8 +247,8 @@ def test_an_idle_pod_that_stops_is_replaced_before_a_job_gets_it(tmp_path: Path)
 def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``firepool_acquisitions_total`` counted the claim a failed RUNNING commit undid, so
-    one attempt read as two acquisitions (adversarial run, 3 of 3)."""
+    """``firepool_acquisitions_total`` counts the claims that launched: one a failed
+    RUNNING commit undid is not one, so one attempt reads as one acquisition."""
     with threaded_broker(tmp_path / "home") as served:
         real_update = served.broker.jobs.update
         failed: list[str] = []
@@ -268,8 +269,8 @@ def test_a_claim_undone_by_a_store_outage_is_not_counted_as_an_acquisition(
 
 
 def test_an_upload_is_streamed_to_disk_not_held_in_memory(tmp_path: Path) -> None:
-    """The broker held each upload whole, about 2.3x over (adversarial run: 4 parallel
-    400 MiB uploads peaked at 3.3 GiB of broker memory)."""
+    """An upload goes to disk as it arrives: the broker never holds a package whole (4
+    parallel 400 MiB uploads would take gigabytes of its memory)."""
     import hashlib
     import tracemalloc
 

@@ -1,6 +1,6 @@
 """A caller's cancel still ends the job when the pod's agent does not answer it (a job can stop
-its own agent: found by an adversarial run, where the job stayed RUNNING until its timeout plus
-grace). The attempt is abandoned as cancelled and its pod deleted, never reused."""
+its own agent), rather than leaving it RUNNING until its timeout plus grace. The attempt is
+abandoned as cancelled and its pod deleted, never reused."""
 
 from __future__ import annotations
 

@@ -32,10 +32,10 @@ def test_only_the_owner_or_an_admin_changes_a_function(fake_pod_broker: Threaded
 def test_a_function_s_secrets_and_code_are_its_owner_s(
     fake_pod_broker: ThreadedBroker, tmp_path: Path
 ) -> None:
-    """Adversarial run (4 of 4): an invoke-only token read every caller's function ``env``
-    (an API token among them) and package digests; another deployer registered a function
-    on that digest without ever uploading it, and his job printed the owner's source; and
-    ``HEAD /v1/packages/{digest}`` told any deployer which packages were stored."""
+    """An invoke-only token reads no caller's function ``env`` (an API token may be in it)
+    or package digest; another deployer cannot register a function on a digest he never
+    uploaded (his job would print the owner's source); and ``HEAD /v1/packages/{digest}``
+    tells a deployer only about packages he uploaded."""
     code = tmp_path / "secret"
     code.mkdir()
     (code / "secret_fn.py").write_text("SOURCE = 'alice-only'\ndef run(x):\n    return x\n")

@@ -45,8 +45,8 @@ def test_a_gang_runs_on_distinct_pods_with_rank_env_the_user_cannot_override(
 
 
 def test_a_gang_larger_than_its_callers_limit_is_refused_at_submit(tmp_path: Path) -> None:
-    """A 2-pod gang for a ``max_pods: 1`` caller was accepted and queued forever, with two
-    idle pods kept for it (adversarial run, 4 of 4)."""
+    """A 2-pod gang for a ``max_pods: 1`` caller is refused at submit, not queued forever
+    with two idle pods kept for it."""
     catalog = (
         "limits: {max_pods: 1}\ncaller_limits: {trainer: {max_pods: 2}}\n"
         "pools:\n  cpu: {min_count: 0, max_count: 2}\n"
@@ -70,8 +70,8 @@ def test_a_gang_larger_than_its_callers_limit_is_refused_at_submit(tmp_path: Pat
 def test_a_gang_ends_when_one_rank_fails_not_when_the_others_finish(
     broker_server: BrokerServer,
 ) -> None:
-    """Rank 1 failed at once and the gang ran on until rank 0 finished, 20.9 s later
-    (adversarial run, 4 of 4)."""
+    """Rank 1 fails at once: the gang ends then, rank 0 stopped, not when rank 0 would
+    finish (60 s later)."""
     with broker_server.client("gang-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="rank-fails", sku="cpu",
                   entrypoint="behaviours:rank_one_fails", pods=2, max_retries=0)  # fmt: skip

@@ -1,9 +1,9 @@
 """One broker per state directory and per job store (``broker.exclusive``).
 
-Before, a second broker on the same ``FIREPOOL_HOME`` started, rebuilt the pool from the same
-pod records and handed pods one caller had used to another (adversarial run: 2 of 2, on the
-``idle`` path), and two brokers with their own homes on one MySQL store re-queued each other's
-running jobs and ran them twice. Now the second is refused before it touches a pod or a job.
+A second broker on the same ``FIREPOOL_HOME`` would rebuild the pool from the same pod records
+and hand pods one caller had used to another, and two brokers with their own homes on one
+MySQL store would re-queue each other's running jobs and run them twice: the second is refused
+before it touches a pod or a job.
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def test_two_brokers_on_one_mysql_store_are_refused(tmp_path: Path, mysql_url: s
 def test_a_mysql_lock_is_one_per_schema_and_kept_through_a_lost_connection(
     tmp_path: Path, mysql_url: str
 ) -> None:
-    """``/?database=x`` took another lock than ``/x`` (the name came from the URL's text),
-    and a lock lost with its connection (``wait_timeout``, a server restart) was never taken
-    again: a second broker then started beside the first (adversarial run)."""
+    """``/?database=x`` and ``/x`` are one lock (named by the schema, not the URL's text),
+    and a lock lost with its connection (``wait_timeout``, a server restart) is taken again,
+    so no second broker starts beside the first."""
     first = BrokerLocks(tmp_path / "a", mysql_url)
     first.acquire()
     try:
@@ -118,8 +118,8 @@ def test_a_mysql_lock_is_one_per_schema_and_kept_through_a_lost_connection(
 
 
 def test_every_spelling_of_one_sqlite_store_is_one_lock(tmp_path: Path) -> None:
-    """A ``file:...?uri=true`` URL put its lock beside a path relative to the working
-    directory, and a hard link to the store took another lock (adversarial run)."""
+    """A ``file:...?uri=true`` URL, a relative path and a hard link to the store all take
+    the one lock of the store's file."""
     db = tmp_path / "a" / "jobs.db"
     first = BrokerLocks(tmp_path / "a", f"sqlite:///{db}")
     first.acquire()
@@ -137,8 +137,8 @@ def test_every_spelling_of_one_sqlite_store_is_one_lock(tmp_path: Path) -> None:
 
 
 def test_a_lock_file_removed_under_a_running_broker_is_taken_again(tmp_path: Path) -> None:
-    """The lock was on the file, not its path: with ``broker.lock`` removed a second broker
-    started on the same home beside the first (adversarial run)."""
+    """The lock is on the path, not only the file: with ``broker.lock`` removed, the running
+    broker takes it again, so no second broker starts on the same home beside it."""
     home = tmp_path / "home"
     first = BrokerLocks(home, f"sqlite:///{home / 'jobs.db'}")
     first.acquire()

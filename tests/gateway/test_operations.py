@@ -75,7 +75,7 @@ def test_the_logs_of_a_job_whose_pod_retires_after_it_are_kept(
     broker_server: BrokerServer,
 ) -> None:
     """A single-use pod (and a recycled one) is deleted after its job: only once its logs
-    are archived, or the job's logs were gone with it (found by fuzzing)."""
+    are archived, or the job's logs would go with it."""
     with broker_server.client("ops-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="chatty-once", sku="cpu", entrypoint="behaviours:chatty",
                   single_use=True)  # fmt: skip
@@ -130,8 +130,7 @@ def test_following_a_log_of_undecodable_bytes_keeps_every_line_once(
 
 
 def test_the_log_is_there_as_soon_as_the_job_reads_as_ended(broker_server: BrokerServer) -> None:
-    """The job read as ended before its log was archived: a read then found nothing (14 of
-    15 tries of an adversarial run)."""
+    """A job reads as ended only once its log is archived: a read right after finds it."""
     with broker_server.client("ops-dev", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="chatty-settle", sku="cpu", entrypoint="behaviours:chatty")
     with broker_server.client("ops-settle") as fp:
@@ -217,9 +216,9 @@ def test_probes_metrics_and_schema_answer(broker_server: BrokerServer) -> None:
 def test_a_queued_job_of_a_deleted_function_fails_NotFound_as_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    """Queued jobs of a deleted function ran on the deleted version (even after another
-    caller registered the name again) unless the broker restarted first, when they failed
-    ``NotFound`` (adversarial run, 3 of 3 each way)."""
+    """Queued jobs of a deleted function fail ``NotFound``, as they would after a restart,
+    instead of running on the deleted version (even once another caller registered the name
+    again)."""
     catalog = "budgets: {cpu: 1}\npools:\n  cpu: {min_count: 0, max_idle_count: 0, max_count: 1}\n"
     server = start_broker(tmp_path / "home", catalog)
     try:

@@ -104,8 +104,8 @@ def test_an_outcome_is_retried_until_the_store_takes_it(
 def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While the outcome was being retried, GET answered SUCCEEDED (and a cancel too) for a
-    job the store still had RUNNING (adversarial run: 6 s of it on MySQL)."""
+    """While its outcome is being retried, a job reads as the store has it (RUNNING), to a
+    GET and to a cancel, not as the outcome that is not recorded yet."""
     store_up, refused = threading.Event(), threading.Event()
 
     def down() -> bool:
@@ -128,9 +128,9 @@ def test_until_its_outcome_is_recorded_a_job_reads_as_the_store_has_it(
 def test_a_job_whose_function_is_gone_fails_only_once_the_store_has_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A queued job whose function version is gone by the time it starts fails NotFound.
-    That failure was logged and passed over when the store refused it: the caller was
-    answered FAILED while the store kept the job QUEUED, and nothing would ever run it."""
+    """A queued job whose function version is gone by the time it starts fails NotFound,
+    and reads FAILED only once the store has it: a failure the store refuses is retried, not
+    answered while the store keeps the job QUEUED with nothing to run it."""
     down = _Outage(times=3)
     _store_refuses_outcomes(monkeypatch, "orphan", down)
     with threaded_broker(tmp_path / "home") as served, _caller(served) as fp:
@@ -161,9 +161,8 @@ class _Forgetful(dict[tuple[str, int], Any]):
 def test_until_its_running_commit_lands_a_job_reads_queued(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GET read RUNNING while the RUNNING commit was still in flight: a crash then re-queued
-    the job (nothing of it had run), and it read QUEUED again (a crash test that trusted the
-    RUNNING it read failed 1 of 4 runs)."""
+    """Until its RUNNING commit lands, a job reads QUEUED: a crash before then re-queues it
+    (nothing of it ran), so RUNNING must not be read before it is stored."""
     entered, released = threading.Event(), threading.Event()
     real_update = JobStore.update
 

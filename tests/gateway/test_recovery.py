@@ -179,9 +179,9 @@ def test_an_unclean_reset_retires_the_pod_and_the_next_job_gets_a_new_one(
 def test_a_pod_lost_while_the_broker_was_down_spends_a_retry(
     crashy: list[BrokerServer],
 ) -> None:
-    """Re-queued at every restart for free: a ``max_retries=0`` function ran 4 times through
-    3 crashes that each took its pod (adversarial run). Now that loss is a ``PodLost`` attempt,
-    as it is while the broker runs."""
+    """A pod lost while the broker was down is a ``PodLost`` attempt, as it is while the
+    broker runs: it spends a retry, so a ``max_retries=0`` function is not re-queued for free
+    at every restart."""
     server = crashy[0]
     with server.client("lost-while-down") as fp:
         job_id = fp.submit("sleep", 30)  # deployed with max_retries=0
@@ -198,10 +198,9 @@ def test_a_pod_lost_while_the_broker_was_down_spends_a_retry(
 def test_a_log_not_yet_archived_when_the_broker_stopped_is_kept_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A crash between a job's answer and the archiving of its log lost the log for good (a
-    read after the restart was empty: 6 of 10 tries with a 46-byte log, 3 of 3 with 20 MB),
-    and the pod's agent kept that attempt's files forever. Here the archiving never runs in
-    the first broker; the next one keeps the log and acknowledges the attempt."""
+    """A log not yet archived when the broker stopped (a crash between a job's answer and
+    the archiving) is archived by the next broker, which then acknowledges the attempt so the
+    pod's agent drops its files. Here the archiving never runs in the first broker."""
     home = tmp_path / "home"
     monkeypatch.setattr(PodRecycler, "archive", lambda self, *args: None)
     with threaded_broker(home, keep_pods=True) as served:
@@ -239,9 +238,9 @@ def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
     tmp_path: Path, case: str
 ) -> None:
     """A single-use job, or one that recycled its caller's pod of another session, running
-    through a crash: the restarted broker forgot that the pod must retire after it, and the
-    caller's next job ran on it ``warm`` (adversarial run, 4 of 4 each). Now the mark is on
-    the pod before the job runs (``broker.pods.RETIRE_ANNOTATION``)."""
+    through a crash: the restarted broker still retires the pod after it (the mark is on the
+    pod before the job runs, ``broker.pods.RETIRE_ANNOTATION``), so the caller's next job
+    does not run on it ``warm``."""
     home = tmp_path / "home"
     server = start_broker(home, ONE_POD)
     try:
@@ -272,8 +271,8 @@ def test_a_pod_that_must_retire_after_its_job_still_does_after_a_crash(
 
 
 def test_jobs_of_a_pool_removed_from_the_catalog_fail_after_the_restart(tmp_path: Path) -> None:
-    """After a restart on a catalog without their pool, jobs stayed QUEUED for good and new
-    invokes were accepted (adversarial run, 4 of 4)."""
+    """After a restart on a catalog without their pool, its queued jobs fail and new
+    invokes are refused, rather than staying QUEUED for good."""
     home = tmp_path / "home"
     both = "pools:\n  cpu: {min_count: 0}\n  extra: {min_count: 0, max_count: 1}\n"
     server = start_broker(home, both)
