@@ -71,6 +71,11 @@ def ready_probe_delay(elapsed_s: float) -> float:
     return min(READY_PROBE_MAX_S, max(READY_PROBE_MIN_S, READY_PROBE_FRACTION * elapsed_s))
 
 
+def new_pod_name(sku: str, suffix: str | None = None) -> str:
+    """A pod's name: its pool's, then 8 random hex digits (``suffix`` fixes them)."""
+    return f"{sku}-{suffix if suffix is not None else secrets.token_hex(4)}"
+
+
 class PodManager:
     def __init__(
         self,
@@ -98,7 +103,7 @@ class PodManager:
 
     def apply(self, action: CreatePod | DeletePod) -> None:
         if isinstance(action, CreatePod):
-            name = f"{action.sku}-{secrets.token_hex(4)}"
+            name = new_pod_name(action.sku)
             pool = self.catalog.pool(action.sku)
             now = self.clock()
             failing = self.create_failures.get(action.sku)

@@ -31,18 +31,19 @@ from broker.jobs import Job
 from broker.keys import load_or_create_key
 from broker.lifecycle import LogArchive, PodRecycler
 from broker.package_check import check_package_file
-from broker.pods import PodManager
+from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
 from broker.recovery import recover
 from broker.settings import Settings, private_home
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
-from functions.errors import Forbidden, NotFound
+from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, open_package_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
+from pool_manager.backends.local import socket_path_error
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
@@ -59,6 +60,16 @@ def new_job_id() -> str:
     """Time-ordered and unique: 12 hex digits of milliseconds + 48 random bits. Not a secret
     (a job is only visible to its caller); a seeded PRNG avoids a system call per job."""
     return f"{int(time.time() * 1000):012x}{_ids.getrandbits(48):012x}"
+
+
+def check_socket_room(root: Path, catalog: Catalog) -> None:
+    """``InvalidRequest`` (``FIREPOOL_HOME``) where a local pod of some pool could not listen
+    on its socket under ``root`` (the path would pass the kernel's limit): refused at
+    start-up rather than every pod of that pool dying before it is ready."""
+    for sku in catalog.pools:
+        error = socket_path_error(root, new_pod_name(sku, suffix="f" * 8))
+        if error is not None:
+            raise InvalidRequest(error, field="FIREPOOL_HOME")
 
 
 class Broker:
@@ -87,6 +98,8 @@ class Broker:
             gpus=self.catalog.gpus,
             private=[home],  # its keys, job store, packages, logs
         )
+        if backend is None and settings.backend == "local":
+            check_socket_room(home / "pods", self.catalog)
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
         self.agents = AgentClient()

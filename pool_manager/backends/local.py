@@ -93,6 +93,24 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+MAX_SOCKET_PATH = 107
+"""Bytes a unix socket's path may have (``sun_path`` is 108, with its NUL): longer, the agent
+cannot listen, and the pod would die before it is ready."""
+SOCKET_NAME = "agent.sock"
+
+
+def socket_path_error(root: Path, pod_name: str) -> str | None:
+    """Why a pod named ``pod_name`` under ``root`` could not listen on its socket, or None."""
+    path = root / pod_name / SOCKET_NAME
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"pod {pod_name}'s socket path {path} is {size} bytes; a unix socket's path has at most "
+        f"{MAX_SOCKET_PATH}: use a shorter FIREPOOL_HOME (or shorter pool names)"
+    )
+
+
 def limit_args(pool: PoolSpec) -> list[str]:
     """The pool's per-job limits as agent options (enforced where cgroup v2 allows)."""
     args = []
@@ -196,10 +214,13 @@ class LocalBackend:
         pod_dir = self.root / name
         if pod_dir.exists():
             raise ValueError(f"pod {name} already exists")
+        too_long = socket_path_error(self.root, name)
+        if too_long is not None:
+            raise CreateFailed(too_long)
         cards = self._assign_gpus(pool, role, gpu)
         gpu = cards[0] if cards else None
         pod_dir.mkdir(parents=True)
-        socket = pod_dir / "agent.sock"
+        socket = pod_dir / SOCKET_NAME
         argv = agent_command(
             pod_name=name,
             pod_dir=pod_dir,
