@@ -62,6 +62,10 @@ def _retry_note(job: Job) -> str:
     return f" (retry {job.retries} after {(error or {}).get('class', 'a failed attempt')})"
 
 
+class WaitReleased(Exception):
+    """A ``wait`` answered before its job ended (``Dispatcher.release_waiters``)."""
+
+
 class Dispatcher:
     """Owns the in-memory queue and every live (queued or running) job."""
 
@@ -141,7 +145,7 @@ class Dispatcher:
         self._waiters.setdefault(job_id, []).append(fut)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
+        except (TimeoutError, WaitReleased):
             return None
         finally:
             waiters = self._waiters.get(job_id)
@@ -500,6 +504,14 @@ class Dispatcher:
         # Still starting: cancelled before launch (``_start`` sees the request); answered as
         # the store has it meanwhile.
         return self.starting.get(live.id, live)
+
+    def release_waiters(self) -> None:
+        """Answer every ``wait`` now, as if its timeout had passed (the job goes on): at
+        shutdown, before the server cancels the requests still waiting on their jobs."""
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_exception(WaitReleased())
 
     def halt(self) -> None:
         """Dispatch nothing more (attempts under way finish, as the store allows)."""

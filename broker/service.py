@@ -72,6 +72,10 @@ def check_socket_room(root: Path, catalog: Catalog) -> None:
             raise InvalidRequest(error, field="FIREPOOL_HOME")
 
 
+WAITERS_MARGIN_S = 0.25
+"""How long before the server's drain ends the sync invokes still waiting are answered."""
+
+
 class Broker:
     def __init__(self, settings: Settings, backend: PodBackend | None = None) -> None:
         self.settings = settings
@@ -213,10 +217,15 @@ class Broker:
     def stop_intake(self) -> None:
         """The first step of a shutdown, at its signal: refuse new jobs (503) and start no
         queued one (they stay queued in the store); running ones go on, and ``stop`` waits
-        ``drain_s`` for them."""
+        ``drain_s`` for them. A sync invoke still waiting on its job just before the server's
+        own drain ends (``int(drain_s)`` s: uvicorn's ``timeout_graceful_shutdown``, after which
+        it cancels the request) is answered 202 with its job id instead of losing its
+        connection."""
         self.accepting = self.ready = False
         if self._dispatcher is not None:
             self._dispatcher.halt()
+            release_in = max(0.0, int(self.settings.drain_s) - WAITERS_MARGIN_S)
+            asyncio.get_running_loop().call_later(release_in, self._dispatcher.release_waiters)
 
     def _lock_lost(self, taken: str) -> None:
         """Another broker took one of this broker's locks while it was lost: stop taking and
