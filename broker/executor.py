@@ -36,9 +36,9 @@ def attempt_deadline_s(job_timeout_s: float | None, spec: FunctionSpec | None) -
     job's own ``timeout_s``, else its function's (the agent enforces it from the job's
     process), the grace, and for a function with requirements the agent's install budget,
     which comes before the job's clock starts. Without it a slow install (a hanging index)
-    was cut at ``timeout_s`` plus the grace and ended ``PodLost``, retried on new pods,
-    instead of the agent's own ``DependencyInstallFailed`` (adversarial run: 36 s and 3 pods
-    per call). ``spec`` None (a function gone, after a restart): the longest any may take."""
+    would be cut at ``timeout_s`` plus the grace and end ``PodLost``, retried on new pods
+    (36 s and 3 pods per call), instead of the agent's own ``DependencyInstallFailed``.
+    ``spec`` None (a function gone, after a restart): the longest any may take."""
     if spec is None:
         return (job_timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S
     install = INSTALL_TIMEOUT_S if spec.requirements_digest else 0.0
@@ -275,8 +275,8 @@ class Executor:
                     result = results[waits[task]] = task.result()
                     if failed is None and (result.lost_pods or result.state != "succeeded"):
                         # One rank failed: the others would wait on it (a collective) or
-                        # run on for nothing; they are stopped now, not at their own end
-                        # (rank 0 ran 20 s after rank 1 failed at 0 s: adversarial run).
+                        # run on for nothing; they are stopped at once, not at their own
+                        # end (rank 0 could run 20 s after rank 1 failed at 0 s).
                         failed = result
                         if pending:
                             await self.cancel([waits[t] for t in pending], attempt_id)

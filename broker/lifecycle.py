@@ -114,8 +114,8 @@ class PodRecycler:
     ) -> None:
         """Off the caller's path: keep rank 0's logs, acknowledge the attempt on every pod
         (the agent keeps a result until then; the outcome is already committed), and only
-        then delete the ``retired`` pods: deleted first, a single-use or recycled pod took
-        its job's logs with it."""
+        then delete the ``retired`` pods: deleted first, a single-use or recycled pod would
+        take its job's logs with it."""
         task = asyncio.get_running_loop().create_task(
             self._archive(job_id, [p for p in pods if p not in lost], attempt_id, retired)
         )

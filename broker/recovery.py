@@ -156,7 +156,7 @@ async def recover(broker: Broker) -> None:
     dispatcher = broker.dispatcher
     for job in requeue:
         if job.sku not in broker.catalog.pools:
-            # Its pool left the catalog: it could only wait forever (adversarial run).
+            # Its pool left the catalog: it could only wait forever.
             await _fail_unplaceable(broker, job, now)
             continue
         if job.state is JobState.RUNNING:
@@ -201,9 +201,9 @@ async def _lost_while_down(
     """A RUNNING job whose attempt no live pod knows: True to re-queue it. If its pods are
     all alive the attempt was never launched (no user code ran): re-queued as it is. If any
     is gone, user code may have run and the pod was lost under it: a ``PodLost`` attempt,
-    retried only within ``max_retries`` like one lost while the broker ran (before, every
-    restart re-queued it for free: 4 runs of a ``max_retries=0`` function in the adversarial
-    run); else the job fails ``PodLost`` here."""
+    retried only within ``max_retries`` like one lost while the broker ran (a free re-queue
+    on every restart would run a ``max_retries=0`` function again and again); else the job
+    fails ``PodLost`` here."""
     attempt = job.attempts[-1] if job.attempts else None
     if attempt is None or (attempt.pods and all(p in live for p in attempt.pods)):
         return True
@@ -230,8 +230,9 @@ async def _settle_held(
 ) -> None:
     """Results the pods still hold of attempts whose outcome the store already has (a crash
     came between the answer and their archiving): keep the last attempt's log from rank 0,
-    then acknowledge each, so its files go. Before, such logs were lost for good (a log read
-    after the restart was empty) and the agent kept every attempt's files forever."""
+    then acknowledge each, so its files go. Otherwise such logs would be lost for good (a log
+    read after the restart would be empty) and the agent would keep every attempt's files
+    forever."""
     for name, attempt_ids in held.items():
         endpoint = live[name].endpoint
         for attempt_id in attempt_ids:
