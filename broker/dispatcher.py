@@ -232,7 +232,7 @@ class Dispatcher:
         # crash in between re-queues it, and it read RUNNING, then QUEUED again.
         self.starting[job.id] = dataclasses.replace(job, attempts=list(job.attempts))
         attempt = Attempt(id=job.next_attempt_id(), pods=list(lease.pods), started=now)
-        job.state = JobState.RUNNING
+        job.move_to(JobState.RUNNING)
         job.attempts.append(attempt)
         job.acquisition = {"path": lease.path, "reason": lease.reason}
         if job.started is None:
@@ -249,7 +249,7 @@ class Dispatcher:
             self.tracker.unclaim(job.id, self.clock())
             self.counters[f"path_{lease.path}"] -= 1
             job.attempts.pop()
-            job.state = JobState.QUEUED
+            job.undo_to(JobState.QUEUED)
             if isinstance(exc, LookupError):
                 await self._fail_before_start(job, revision, exc)
             else:
@@ -310,7 +310,7 @@ class Dispatcher:
         see the job as the store has it (queued) meanwhile. If the broker stops first the job
         stays queued in the store, and the restarted broker fails it again."""
         self.finishing[job.id] = dataclasses.replace(job, attempts=list(job.attempts))
-        job.state = JobState.FAILED
+        job.move_to(JobState.FAILED)
         job.error = {"class": str(ErrorClass.NOT_FOUND), "message": str(exc)}
         job.finished = self.clock()
         try:
@@ -329,7 +329,7 @@ class Dispatcher:
         try:
             fresh = await self.store.get_job(job.id)
             if fresh is not None and fresh.state is JobState.RUNNING:
-                fresh.state = JobState.QUEUED
+                fresh.move_to(JobState.QUEUED)  # the retry edge: no attempt was launched
                 await self.store.update(fresh, fresh.revision)
         except Exception:
             log.exception("could not reload job %s; keeping it queued in memory", job.id)
@@ -395,10 +395,10 @@ class Dispatcher:
         if outcome.exit_code is not None:
             job.exit_code = outcome.exit_code
         if retry:
-            job.state = JobState.QUEUED
+            job.move_to(JobState.QUEUED)
             job.retries += 1
         else:
-            job.state = (
+            job.move_to(
                 JobState.SUCCEEDED
                 if outcome.state == "succeeded"
                 else JobState.CANCELLED
@@ -453,7 +453,10 @@ class Dispatcher:
                     log.error("could not record job %s: %s", job.id, exc.message)
                     return status
                 log.warning("job %s: %s", job.id, exc.message)
-                job.state, job.output = JobState.FAILED, None
+                durable = self.finishing.get(job.id)
+                job.undo_to(durable.state if durable is not None else JobState.RUNNING)
+                job.move_to(JobState.FAILED)
+                job.output = None
                 job.error = exc.to_json()
                 if attempt is not None:
                     attempt.error = job.error
@@ -484,14 +487,15 @@ class Dispatcher:
         if any(queued is live for queued in self._queue):
             self._queue = [queued for queued in self._queue if queued is not live]
             revision = live.revision
-            live.state = JobState.CANCELLED
+            live.move_to(JobState.CANCELLED)
             live.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled by caller"}
             live.finished = self.clock()
             try:
                 await self.store.update(live, revision)
             except Exception:
                 # Not recorded: the job stays queued exactly as it was.
-                live.state, live.error, live.finished = JobState.QUEUED, None, None
+                live.undo_to(JobState.QUEUED)
+                live.error, live.finished = None, None
                 self._cancel_requested.discard(job.id)
                 self.enqueue(live)
                 raise

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from pool_manager.states import JobState
+from pool_manager.states import JOB_TRANSITIONS, JOB_UNDOS, IllegalTransition, JobState
 
 
 @dataclass(slots=True)
@@ -93,6 +93,23 @@ class Job:
     output_omitted: bool = False
     """In a listing only: the output is left out to keep the listing's size bounded
     (``JobStore.list_jobs``); the job's own record has it."""
+
+    def move_to(self, new: JobState) -> None:
+        """Move to ``new``; ``IllegalTransition`` for a move ``JOB_TRANSITIONS`` forbids.
+        Every change of a job's state outside its construction goes through here or
+        ``undo_to``; the store's compare-and-set checks the same table durably."""
+        if new not in JOB_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"job {self.id}: {self.state} -> {new}")
+        self.state = new
+
+    def undo_to(self, durable: JobState) -> None:
+        """Undo a move the store did not record, back to ``durable``, the state its last
+        durable record has; ``IllegalTransition`` for an undo ``JOB_UNDOS`` does not list."""
+        if self.state is durable:
+            return
+        if durable not in JOB_UNDOS[self.state]:
+            raise IllegalTransition(f"job {self.id}: undo {self.state} -> {durable}")
+        self.state = durable
 
     def next_attempt_id(self) -> str:
         """Attempt ids are ``<job-id>:<n>``, n counting every launch, so a re-queued attempt

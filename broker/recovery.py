@@ -167,7 +167,7 @@ async def recover(broker: Broker) -> None:
                     "class": str(ErrorClass.POD_LOST),
                     "message": "not running after a broker restart",
                 }
-            job.state = JobState.QUEUED
+            job.move_to(JobState.QUEUED)
             await broker.jobs.update(job, revision)
         dispatcher.enqueue(job)
     for job, body in attached:
@@ -186,7 +186,8 @@ async def _fail_unplaceable(broker: Broker, job: Job, now: float) -> None:
     """Fail ``job``, whose pool this broker's catalog no longer has, ``NotFound``."""
     revision = job.revision
     message = f"pool {job.sku!r} is not in this broker's catalog any more"
-    job.state, job.finished = JobState.FAILED, now
+    job.move_to(JobState.FAILED)
+    job.finished = now
     job.error = {"class": str(ErrorClass.NOT_FOUND), "message": message}
     if job.attempts and job.attempts[-1].error is None:
         job.attempts[-1].error = dict(job.error)
@@ -215,7 +216,8 @@ async def _lost_while_down(
         job.retries += 1
         return True
     revision = job.revision
-    job.state, job.error = JobState.FAILED, dict(attempt.error)
+    job.move_to(JobState.FAILED)
+    job.error = dict(attempt.error)
     job.finished = attempt.finished = now
     await broker.jobs.update(job, revision)
     log.info("job %s failed: %s (%s)", job.id, POD_LOST_ON_RESTART, decision.reason)

@@ -42,6 +42,25 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 }
 
 
+JOB_UNDOS: Mapping[JobState, frozenset[JobState]] = {
+    # A move made in memory and then refused by the store is undone, back to the state the
+    # store still has, before the job is handled again; never a move of its own.
+    # the RUNNING commit failed: nothing was launched, the job is queued as it was
+    JobState.RUNNING: frozenset({JobState.QUEUED}),
+    # an outcome (or a retry) the store refused as too large: decided again from RUNNING
+    JobState.QUEUED: frozenset({JobState.RUNNING}),
+    JobState.SUCCEEDED: frozenset({JobState.RUNNING}),
+    # a failure the store refused as too large: from RUNNING, or from QUEUED (a job whose
+    # function was gone failed before it started)
+    JobState.FAILED: frozenset({JobState.RUNNING, JobState.QUEUED}),
+    # a cancel the store did not record: queued as it was; or an outcome as above
+    JobState.CANCELLED: frozenset({JobState.QUEUED, JobState.RUNNING}),
+    JobState.PENDING: frozenset(),
+}
+"""The undos the broker takes, per state it leaves: each returns a job to the state its last
+durable record has (``Job.undo_to``)."""
+
+
 class PodState(StrEnum):
     STARTING = "STARTING"
     IDLE = "IDLE"
