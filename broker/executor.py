@@ -27,6 +27,7 @@ from functions.errors import ErrorClass
 from functions.nesting import MAX_NESTING, json_within
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from pod_runtime.deps import INSTALL_TIMEOUT_S
+from pod_runtime.protocol import AttemptSpec, BlobRef, encode_spec
 
 GRACE_S = 30.0
 
@@ -150,7 +151,9 @@ class Executor:
 
     def attempt_spec(
         self, job: Job, spec: FunctionSpec, attempt_id: str, rank: int, world: int, port: int
-    ) -> dict[str, Any]:
+    ) -> AttemptSpec:
+        """What rank ``rank`` of ``world`` runs: the job's input, the function's code by
+        signed URL, its env, and the system env (caller, ids, rendezvous) that wins over it."""
         system_env = {
             "FIREPOOL_CALLER": job.caller,
             "FIREPOOL_JOB_ID": job.id,
@@ -167,25 +170,21 @@ class Executor:
             )
         requirements = None
         if spec.requirements_digest is not None:
-            requirements = {
-                "url": self.package_url(spec.requirements_digest),
-                "digest": spec.requirements_digest,
-            }
-        return {
-            "attempt_id": attempt_id,
-            "package": {
-                "url": self.package_url(spec.package_digest),
-                "digest": spec.package_digest,
-            },
-            "entrypoint": spec.entrypoint,
-            "command": list(spec.command) if spec.command is not None else None,
-            "input": job.input,
-            "env": dict(spec.env),
-            "system_env": system_env,
-            "requirements": requirements,
-            "timeout_s": job.timeout_s or spec.timeout_s,
-            "wait": world == 1,
-        }
+            requirements = BlobRef(
+                url=self.package_url(spec.requirements_digest), digest=spec.requirements_digest
+            )
+        return AttemptSpec(
+            attempt_id=attempt_id,
+            package=BlobRef(url=self.package_url(spec.package_digest), digest=spec.package_digest),
+            entrypoint=spec.entrypoint,
+            command=spec.command,
+            input=job.input,
+            env=dict(spec.env),
+            system_env=system_env,
+            requirements=requirements,
+            timeout_s=job.timeout_s or spec.timeout_s,
+            wait=world == 1,
+        )
 
     async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
         timeout = attempt_deadline_s(job.timeout_s, spec)
@@ -230,12 +229,12 @@ class Executor:
             lost_pods=list(pods),
         )
 
-    async def _run_one(self, pod: str, spec: dict[str, Any], timeout: float) -> Outcome:
+    async def _run_one(self, pod: str, spec: AttemptSpec, timeout: float) -> Outcome:
         endpoint = self.endpoints.get(pod)
         if endpoint is None:
             return Outcome.pod_lost([pod], f"pod {pod} has no endpoint")
         try:
-            status, body = await self.agents.start(endpoint, spec, timeout)
+            status, body = await self.agents.start(endpoint, encode_spec(spec), timeout)
         except AgentUnreachable as exc:
             return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
         if status == 400:
@@ -244,26 +243,24 @@ class Executor:
             return Outcome.pod_lost([pod], f"agent refused the attempt: HTTP {status} {body}")
         return Outcome.from_agent(body)
 
-    async def _run_gang(
-        self, pods: list[str], specs: list[dict[str, Any]], timeout: float
-    ) -> Outcome:
+    async def _run_gang(self, pods: list[str], specs: list[AttemptSpec], timeout: float) -> Outcome:
         started: list[str] = []
         for pod, spec in zip(pods, specs, strict=True):
             endpoint = self.endpoints.get(pod)
             try:
                 if endpoint is None:
                     raise AgentUnreachable(f"pod {pod} has no endpoint")
-                status, body = await self.agents.start(endpoint, spec, 10.0)
+                status, body = await self.agents.start(endpoint, encode_spec(spec), 10.0)
                 if status == 400:  # a bad spec, the same for every rank: nothing is lost
-                    await self.cancel(started, spec["attempt_id"])
+                    await self.cancel(started, spec.attempt_id)
                     return Outcome.refused(pod, body)
                 if status not in (200, 202):
                     raise AgentUnreachable(f"agent refused: HTTP {status} {body}")
                 started.append(pod)
             except AgentUnreachable as exc:
-                await self.cancel(started, spec["attempt_id"])
+                await self.cancel(started, spec.attempt_id)
                 return Outcome.pod_lost([pod], f"launch failed on {pod}: {exc}")
-        attempt_id = specs[0]["attempt_id"]
+        attempt_id = specs[0].attempt_id
         waits = {asyncio.ensure_future(self.wait(p, attempt_id, timeout)): p for p in pods}
         results: dict[str, Outcome] = {}
         failed: Outcome | None = None  # the first rank to fail: the gang's outcome

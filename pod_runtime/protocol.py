@@ -57,6 +57,26 @@ class AttemptSpec:
     wait: bool = False
 
 
+def encode_spec(spec: AttemptSpec) -> dict[str, Any]:
+    """The POST /attempts body for ``spec``: ``decode_spec`` of it gives ``spec`` back."""
+
+    def blob(ref: BlobRef | None) -> dict[str, str] | None:
+        return None if ref is None else {"url": ref.url, "digest": ref.digest}
+
+    return {
+        "attempt_id": spec.attempt_id,
+        "package": blob(spec.package),
+        "entrypoint": spec.entrypoint,
+        "command": list(spec.command) if spec.command is not None else None,
+        "input": spec.input,
+        "env": spec.env,
+        "system_env": spec.system_env,
+        "requirements": blob(spec.requirements),
+        "timeout_s": spec.timeout_s,
+        "wait": spec.wait,
+    }
+
+
 def _blob(data: Any, name: str) -> BlobRef | None:
     if data is None:
         return None
