@@ -34,6 +34,7 @@ from broker.retry_policy import decide
 from broker.store import JobStore, StaleRevision
 from functions.errors import ErrorClass, FirepoolError, TooLarge
 from functions.spec import FunctionSpec
+from pod_runtime.protocol import AttemptState
 from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.model import ClaimRequest, Lease
 from pool_manager.states import TERMINAL_JOB_STATES, IllegalTransition, JobState
@@ -287,7 +288,7 @@ class Dispatcher:
             outcome = owner_unrecorded
         elif job.id in self._cancel_requested:
             outcome = Outcome(
-                state="cancelled",
+                state=AttemptState.CANCELLED,
                 finished=self.clock(),
                 error={"class": str(ErrorClass.CANCELLED), "message": "cancelled before launch"},
             )
@@ -297,7 +298,7 @@ class Dispatcher:
             except Exception as exc:  # a broker bug must not strand the job on leased pods
                 log.exception("attempt %s of job %s failed in the broker", attempt.id, job.id)
                 outcome = Outcome(
-                    state="failed",
+                    state=AttemptState.FAILED,
                     error={"class": str(ErrorClass.INTERNAL), "message": f"broker error: {exc!r}"},
                     finished=self.clock(),
                     lost_pods=list(lease.pods),  # their state is unknown: delete, never reuse
@@ -367,9 +368,9 @@ class Dispatcher:
         error_class = (outcome.error or {}).get("class")
         revision = job.revision
         cancelled = job.id in self._cancel_requested or (
-            cancel_may_be_lost and outcome.state == "cancelled"
+            cancel_may_be_lost and outcome.state is AttemptState.CANCELLED
         )
-        if outcome.state == "cancelled" and not cancelled:
+        if outcome.state is AttemptState.CANCELLED and not cancelled:
             # Nobody asked: the agent ended the attempt on its own (a reset or a shutdown
             # that was not ours, as on a full disk): the pod failing under the job, which
             # must not read CANCELLED to the caller.
@@ -382,7 +383,7 @@ class Dispatcher:
         ran_user_code = None if outcome.lost_pods else outcome.first_instruction is not None
         retry = (
             not cancelled
-            and outcome.state != "succeeded"
+            and outcome.state is not AttemptState.SUCCEEDED
             and decide(
                 error_class,
                 ran_user_code=ran_user_code,
@@ -400,7 +401,7 @@ class Dispatcher:
         else:
             job.move_to(
                 JobState.SUCCEEDED
-                if outcome.state == "succeeded"
+                if outcome.state is AttemptState.SUCCEEDED
                 else JobState.CANCELLED
                 if cancelled
                 else JobState.FAILED

@@ -27,7 +27,7 @@ from functions.errors import ErrorClass
 from functions.nesting import MAX_NESTING, json_within
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from pod_runtime.deps import INSTALL_TIMEOUT_S
-from pod_runtime.protocol import AttemptSpec, BlobRef, encode_spec
+from pod_runtime.protocol import AttemptSpec, AttemptState, BlobRef, encode_spec
 
 GRACE_S = 30.0
 
@@ -50,7 +50,8 @@ def attempt_deadline_s(job_timeout_s: float | None, spec: FunctionSpec | None) -
 class Outcome:
     """What one attempt ended with."""
 
-    state: str  # succeeded | failed | cancelled
+    state: AttemptState
+    """How the attempt ended: succeeded, failed or cancelled."""
     output: Any = None
     error: dict[str, str] | None = None
     exit_code: int | None = None
@@ -65,13 +66,16 @@ class Outcome:
         once here and never built again: the store keeps that text and every answer embeds
         it. An output that nests past the limit, which only a job that forged its agent's
         answer can send, fails the attempt as ``FunctionError``."""
-        state = str(body.get("state", "failed"))
+        try:
+            state = AttemptState(str(body.get("state")))
+        except ValueError:  # an agent that answers no state it may end in: failed
+            state = AttemptState.FAILED
         output, error = body.get("output"), bounded_error(body.get("error"))
         if output is not None:
             try:
                 output = JsonText(json_within(output).decode())
             except ValueError as exc:
-                state, output = "failed", None
+                state, output = AttemptState.FAILED, None
                 message = f"the pod answered an output past {MAX_NESTING} levels: {exc}"
                 error = {"class": str(ErrorClass.FUNCTION_ERROR), "message": message}
         return cls(
@@ -94,12 +98,12 @@ class Outcome:
             error = {"class": str(ErrorClass.INVALID_REQUEST), "message": str(body)}
         message = f"pod {pod} refused the attempt: {error.get('message', '')}"
         kept = bounded_error({**error, "message": message})
-        return cls(state="failed", error=kept, finished=time.time())
+        return cls(state=AttemptState.FAILED, error=kept, finished=time.time())
 
     @classmethod
     def pod_lost(cls, pods: list[str], message: str) -> Outcome:
         return cls(
-            state="failed",
+            state=AttemptState.FAILED,
             error=bounded_error({"class": str(ErrorClass.POD_LOST), "message": message}),
             finished=time.time(),
             lost_pods=pods,
@@ -223,7 +227,7 @@ class Executor:
             await task
         message = "cancelled by caller; the pod's agent did not answer, so its pods are deleted"
         return Outcome(
-            state="cancelled",
+            state=AttemptState.CANCELLED,
             error={"class": str(ErrorClass.CANCELLED), "message": message},
             finished=time.time(),
             lost_pods=list(pods),
@@ -270,7 +274,9 @@ class Executor:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     result = results[waits[task]] = task.result()
-                    if failed is None and (result.lost_pods or result.state != "succeeded"):
+                    if failed is None and (
+                        result.lost_pods or result.state is not AttemptState.SUCCEEDED
+                    ):
                         # One rank failed: the others would wait on it (a collective) or
                         # run on for nothing; they are stopped at once, not at their own
                         # end (rank 0 could run 20 s after rank 1 failed at 0 s).
@@ -304,7 +310,7 @@ class Executor:
                 return Outcome.pod_lost([pod], f"the agent of pod {pod} did not answer: {exc}")
             if body is None:
                 return Outcome.pod_lost([pod], f"agent on {pod} does not know {attempt_id}")
-            if body.get("state") != "running":
+            if body.get("state") != AttemptState.RUNNING:
                 return Outcome.from_agent(body)
             if loop.time() > deadline:
                 return Outcome.pod_lost([pod], f"{attempt_id} outlived its timeout")

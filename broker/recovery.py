@@ -32,6 +32,7 @@ from broker.jobs import Job
 from broker.pods import RETIRE_ANNOTATION
 from broker.retry_policy import decide
 from functions.errors import ErrorClass
+from pod_runtime.protocol import AttemptState
 from pool_manager.backends.base import BackendPod
 from pool_manager.model import PodInfo
 from pool_manager.states import TERMINAL_JOB_STATES, JobState, PodState
@@ -173,7 +174,7 @@ async def recover(broker: Broker) -> None:
     for job, body in attached:
         pods = list(job.attempts[-1].pods)
         dispatcher.live[job.id] = job
-        if body.get("state") == "running":
+        if body.get("state") == AttemptState.RUNNING:
             dispatcher.spawn(_reattach(broker, job, pods))
         else:
             await dispatcher.finish(job, pods, Outcome.from_agent(body), cancel_may_be_lost=True)

@@ -33,7 +33,7 @@ from pod_runtime.deps import Dependencies
 from pod_runtime.gpu import Nvml
 from pod_runtime.log_cap import cap_log, servable_while_running
 from pod_runtime.package import BlobCache
-from pod_runtime.protocol import AttemptSpec, decode_spec, json_safe
+from pod_runtime.protocol import AttemptSpec, AttemptState, decode_spec, json_safe
 from pod_runtime.reset import Resetter
 from pod_runtime.runner import Attempt, Runner
 from pod_runtime.settings import AgentSettings, parse_args
@@ -239,7 +239,7 @@ class Agent:
         (a cancel that lands in the same loop iteration as the start): settle the attempt
         here, or its waiters and the pod's next reset would wait on it forever."""
         if not attempt.done.is_set():
-            attempt.result.state = "cancelled"
+            attempt.result.state = AttemptState.CANCELLED
             attempt.result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
             attempt.result.finished = time.time()
             attempt.done.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from functions.errors import ErrorClass, InvalidRequest, UnknownField
@@ -175,12 +176,21 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+class AttemptState(StrEnum):
+    """An attempt's state as the agent reports it (the JSON carries the value)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 @dataclass(slots=True)
 class AttemptResult:
     """What the agent reports about one attempt; mutated only by the attempt's own task."""
 
     attempt_id: str
-    state: str = "running"
+    state: AttemptState = AttemptState.RUNNING
     output: Any = None
     error: dict[str, str] | None = None
     exit_code: int | None = None

@@ -36,7 +36,7 @@ from pod_runtime.gpu import Nvml
 from pod_runtime.jobenv import GpuEnv, build_job_env
 from pod_runtime.log_cap import cap_log
 from pod_runtime.package import BlobCache
-from pod_runtime.protocol import AttemptResult, AttemptSpec
+from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState
 from pod_runtime.reset import empty_dir
 from pod_runtime.settings import AgentSettings
 
@@ -124,13 +124,13 @@ class Runner:
             code = await self._execute(attempt)
             self._collect(attempt, code)
         except asyncio.CancelledError:
-            result.state = "cancelled"
+            result.state = AttemptState.CANCELLED
             result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
         except FirepoolError as exc:
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(exc.error_class, exc.message)
         except Exception as exc:
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.INTERNAL, f"agent error: {exc!r}")
         finally:
             result.finished = time.time()
@@ -284,17 +284,21 @@ class Runner:
         with contextlib.suppress(OSError, ValueError, OutputTooLarge):
             result.first_instruction = float(read_capped(attempt.out / "first_instruction", 64))
         if attempt.cause is not None:
-            result.state = "cancelled" if attempt.cause == ErrorClass.CANCELLED else "failed"
+            result.state = (
+                AttemptState.CANCELLED
+                if attempt.cause == ErrorClass.CANCELLED
+                else AttemptState.FAILED
+            )
             what = "timed out" if attempt.cause == ErrorClass.TIMEOUT else "was cancelled"
             result.fail(attempt.cause, f"the job {what}; its process tree was killed")
             return
         if code is None:  # only a killed job's exit can go unobserved: not reached
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.INTERNAL, "the job's exit was not observed")
             return
         oom = self.cgroups.oom_killed() if self.cgroups is not None else False
         if oom:
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.OOM, "the job exceeded its memory limit and was killed")
             return
         if spec.command:
@@ -305,27 +309,27 @@ class Runner:
     def _collect_command(self, attempt: Attempt, code: int) -> None:
         result = attempt.result
         if code != 0:
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code) + _exec_failure(attempt))
             return
         try:
             raw = read_capped(attempt.out / "output.json", job_main.MAX_OUTPUT_BYTES)
         except OutputTooLarge as exc:
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
             return
         except OSError:
-            result.state = "succeeded"
+            result.state = AttemptState.SUCCEEDED
             return
         try:
             output = orjson.loads(raw)
         except orjson.JSONDecodeError:
             output = raw.decode("utf-8", "replace")
         if job_main.nests_too_deep(output):
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.FUNCTION_ERROR, TOO_DEEP)
             return
-        result.state = "succeeded"
+        result.state = AttemptState.SUCCEEDED
         result.output = output
 
     def _collect_entrypoint(self, attempt: Attempt, code: int) -> None:
@@ -334,11 +338,11 @@ class Runner:
         try:
             outcome = orjson.loads(read_capped(attempt.out / "result.json", limit))
         except OutputTooLarge as exc:  # not job_main's: the job wrote the file itself
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.FUNCTION_ERROR, str(exc))
             return
         except (OSError, orjson.JSONDecodeError):
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             if code == 0:
                 result.fail(ErrorClass.FUNCTION_ERROR, "the process exited without a result")
             elif code == job_main.RUNTIME_FAILED:
@@ -354,18 +358,18 @@ class Runner:
                 result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
             return
         if not isinstance(outcome, dict):  # not job_main's: the job wrote the file itself
-            result.state = "failed"
+            result.state = AttemptState.FAILED
             result.fail(ErrorClass.FUNCTION_ERROR, "the job's result file is not an object")
             return
         if outcome.get("ok"):
             if job_main.nests_too_deep(outcome.get("output")):
-                result.state = "failed"
+                result.state = AttemptState.FAILED
                 result.fail(ErrorClass.FUNCTION_ERROR, TOO_DEEP)
                 return
-            result.state = "succeeded"
+            result.state = AttemptState.SUCCEEDED
             result.output = outcome.get("output")
             return
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(
             ErrorClass.FUNCTION_ERROR,
             f"{outcome.get('type')}: {outcome.get('message')}",

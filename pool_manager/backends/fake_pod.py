@@ -30,7 +30,7 @@ from aiohttp import web
 
 from functions.errors import Conflict, ErrorClass, InvalidRequest, NotFound
 from pod_runtime.agent import LOG_CHUNK, MAX_WAIT_S, errors_middleware, respond
-from pod_runtime.protocol import AttemptResult, AttemptSpec, decode_spec
+from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState, decode_spec
 from pod_runtime.reset import empty_dir
 from pod_runtime.settings import PodLayout
 from pool_manager.backends.base import BackendPod
@@ -147,7 +147,7 @@ class FakePod:
         """The attempt's task ended (a task cancelled before its first step never runs its
         body: settle it here too, or its waiters would wait forever)."""
         if not attempt.done.is_set():
-            attempt.result.state = "cancelled"
+            attempt.result.state = AttemptState.CANCELLED
             attempt.result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
             attempt.result.finished = time.time()
             attempt.done.set()

@@ -60,7 +60,7 @@ from pod_runtime.job_main import (
     nests_too_deep,
 )
 from pod_runtime.jobenv import GpuEnv, build_job_env
-from pod_runtime.protocol import AttemptResult, AttemptSpec
+from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState
 from pod_runtime.reset import empty_dir
 from pod_runtime.runner import exit_message, finish_in_thread
 from pod_runtime.settings import PodLayout
@@ -105,14 +105,14 @@ async def run_attempt(
         else:
             await _run_entrypoint(attempt, layout)
     except asyncio.CancelledError:
-        result.state = "cancelled"
+        result.state = AttemptState.CANCELLED
         note = f"; {ABANDONED}" if attempt.running_thread() else ""
         result.fail(ErrorClass.CANCELLED, f"the job was cancelled{note}")
     except FirepoolError as exc:
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(exc.error_class, exc.message)
     except Exception as exc:
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(ErrorClass.INTERNAL, f"fake pod error: {exc!r}")
     finally:
         result.finished = time.time()
@@ -184,14 +184,14 @@ async def _run_entrypoint(attempt: FakeAttempt, layout: PodLayout) -> None:
     try:
         outcome, first_instruction = await asyncio.wait_for(asyncio.shield(settled), spec.timeout_s)
     except TimeoutError:
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(ErrorClass.TIMEOUT, f"the job timed out; {ABANDONED}")
         return
     result.first_instruction = first_instruction
     if outcome.get("ok"):
-        result.state, result.output = "succeeded", outcome.get("output")
+        result.state, result.output = AttemptState.SUCCEEDED, outcome.get("output")
         return
-    result.state = "failed"
+    result.state = AttemptState.FAILED
     result.fail(
         ErrorClass.FUNCTION_ERROR,
         f"{outcome.get('type')}: {outcome.get('message')}",
@@ -355,7 +355,7 @@ async def _run_command(attempt: FakeAttempt, layout: PodLayout, pod: str) -> Non
                 start_new_session=True,
             )
         except OSError as exc:  # what job_main's exec failure reports
-            result.state, result.exit_code = "failed", 127
+            result.state, result.exit_code = AttemptState.FAILED, 127
             why = f"cannot run {spec.command[0]!r}: {exc.strerror or exc}"
             result.fail(ErrorClass.NON_ZERO_EXIT, f"{exit_message(127)}: {why}")
             return
@@ -363,7 +363,7 @@ async def _run_command(attempt: FakeAttempt, layout: PodLayout, pod: str) -> Non
         code = await asyncio.wait_for(process.wait(), spec.timeout_s)
     except TimeoutError:
         result.exit_code = await _kill(process)
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(ErrorClass.TIMEOUT, "the job timed out; its process group was killed")
         return
     finally:
@@ -371,7 +371,7 @@ async def _run_command(attempt: FakeAttempt, layout: PodLayout, pod: str) -> Non
             await asyncio.shield(_kill(process))
     result.exit_code = code
     if code != 0:
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         result.fail(ErrorClass.NON_ZERO_EXIT, exit_message(code))
         return
     _collect_output(result, output_file)
@@ -389,10 +389,10 @@ def _collect_output(result: AttemptResult, output_file: Path) -> None:
         with output_file.open("rb") as src:
             raw = src.read(MAX_OUTPUT_BYTES + 1)
     except OSError:
-        result.state = "succeeded"
+        result.state = AttemptState.SUCCEEDED
         return
     if len(raw) > MAX_OUTPUT_BYTES:
-        result.state = "failed"
+        result.state = AttemptState.FAILED
         cap = MAX_OUTPUT_BYTES
         result.fail(ErrorClass.FUNCTION_ERROR, f"the job's output is over the {cap}-byte cap")
         return
@@ -400,4 +400,4 @@ def _collect_output(result: AttemptResult, output_file: Path) -> None:
         output = orjson.loads(raw)
     except orjson.JSONDecodeError:
         output = raw.decode("utf-8", "replace")
-    result.state, result.output = "succeeded", output
+    result.state, result.output = AttemptState.SUCCEEDED, output
