@@ -13,10 +13,17 @@ from pathlib import Path
 import pytest
 
 from gateway.harness import REPO, free_port, kill_pods
+from tests.conftest import ALLOW_UNSANDBOXED_ENV
 
 
 def _firepool(cwd: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("FIREPOOL_")}
+    # The broker's settings are the test's own; the opt-in to unsandboxed pods on a machine
+    # without bubblewrap (tests/conftest.py) is kept, or serve refuses before what is tested.
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FIREPOOL_") or k == ALLOW_UNSANDBOXED_ENV
+    }
     full.update(PYTHONPATH=str(REPO), **env)
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", *argv],
