@@ -12,6 +12,9 @@ empties the package, scratch and GPU-accounting directories; unclean while a tim
 cancelled attempt's thread still runs, since nothing can stop it). The ``wipe`` paths a reset
 names are checked, not wiped (the fake has no volumes), and logs are not capped.
 
+The routes are the real agent's own (``pod_runtime.agent_http.AgentRoutes``); this module
+supplies only how an attempt runs (in-process), is cancelled (its task) and how a reset wipes.
+
 Concurrency: event-loop only; ``_lock`` serialises starting an attempt with a reset, as the
 real agent's does.
 """
@@ -19,18 +22,15 @@ real agent's does.
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import shutil
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
-import orjson
 from aiohttp import web
 
-from functions.errors import Conflict, ErrorClass, InvalidRequest, NotFound
-from pod_runtime.agent import LOG_CHUNK, MAX_WAIT_S, errors_middleware, respond
-from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState, decode_spec
+from pod_runtime.agent_http import AgentRoutes, respond
+from pod_runtime.protocol import AttemptResult, AttemptSpec
 from pod_runtime.reset import empty_dir
 from pod_runtime.settings import PodLayout
 from pool_manager.backends.base import BackendPod
@@ -40,7 +40,7 @@ SHUTDOWN_S = 0.5
 """How long a stopping pod waits for requests in flight (a long poll is cut short)."""
 
 
-class FakePod:
+class FakePod(AgentRoutes[FakeAttempt]):
     """A pod's record (what the backend lists: ``record``) and its agent."""
 
     def __init__(
@@ -50,15 +50,13 @@ class FakePod:
         socket: Path,
         open_package: OpenPackage,
     ) -> None:
+        super().__init__()
         self.record = record
         self.layout = layout
         self.socket = socket
         self.open_package = open_package
-        self.attempts: dict[str, FakeAttempt] = {}
-        self.current: FakeAttempt | None = None
         self.abandoned: list[FakeAttempt] = []
         """Attempts that ended while their thread ran on (a timeout, a cancel)."""
-        self._lock = asyncio.Lock()
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -85,23 +83,6 @@ class FakePod:
             await runner.cleanup()
         self.socket.unlink(missing_ok=True)
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_middleware], client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_post("/attempts", self.post_attempt)
-        app.router.add_get("/attempts/{id}", self.get_attempt)
-        app.router.add_delete("/attempts/{id}", self.cancel_attempt)
-        app.router.add_delete("/attempts/{id}/result", self.ack_attempt)
-        app.router.add_get("/attempts/{id}/logs", self.logs)
-        app.router.add_post("/reset", self.reset)
-        return app
-
-    def _get(self, request: web.Request) -> FakeAttempt:
-        attempt = self.attempts.get(request.match_info["id"])
-        if attempt is None:
-            raise NotFound(f"unknown attempt {request.match_info['id']}")
-        return attempt
-
     async def healthz(self, request: web.Request) -> web.Response:
         return respond(
             {
@@ -113,126 +94,38 @@ class FakePod:
             }
         )
 
-    async def post_attempt(self, request: web.Request) -> web.Response:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"body is not JSON: {exc}") from exc
-        spec = decode_spec(body)
-        attempt = await self._start(spec)
-        if not spec.wait:
-            return respond({"attempt_id": spec.attempt_id}, 202)
-        await attempt.done.wait()
-        return respond(attempt.result.to_json())
+    def new_attempt(self, spec: AttemptSpec) -> FakeAttempt:
+        directory = self.layout.attempts / spec.attempt_id
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "log").touch()
+        return FakeAttempt(spec, directory, AttemptResult(spec.attempt_id, started=time.time()))
 
-    async def _start(self, spec: AttemptSpec) -> FakeAttempt:
-        async with self._lock:
-            attempt = self.attempts.get(spec.attempt_id)
-            if attempt is not None:  # a retried POST
-                return attempt
-            if self.current is not None:
-                raise Conflict(f"pod is busy with {self.current.spec.attempt_id}")
-            directory = self.layout.attempts / spec.attempt_id
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "log").touch()
-            result = AttemptResult(spec.attempt_id, started=time.time())
-            attempt = FakeAttempt(spec, directory, result)
-            self.attempts[spec.attempt_id] = self.current = attempt
-            work = run_attempt(attempt, self.layout, self.record.name, self.open_package)
-            attempt.task = asyncio.create_task(work)
-            attempt.task.add_done_callback(lambda _: self._settle(attempt))
-        return attempt
+    def run(self, attempt: FakeAttempt) -> Coroutine[Any, Any, None]:
+        return run_attempt(attempt, self.layout, self.record.name, self.open_package)
 
-    def _settle(self, attempt: FakeAttempt) -> None:
-        """The attempt's task ended (a task cancelled before its first step never runs its
-        body: settle it here too, or its waiters would wait forever)."""
-        if not attempt.done.is_set():
-            attempt.result.state = AttemptState.CANCELLED
-            attempt.result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
-            attempt.result.finished = time.time()
-            attempt.done.set()
+    def _settle(self, attempt: FakeAttempt, task: asyncio.Task[None]) -> None:
+        """An attempt whose thread runs on past its end (a timeout, a cancel) is kept in
+        ``abandoned``: a reset is unclean until the thread stops."""
         if attempt.running_thread():
             self.abandoned.append(attempt)
-        if self.current is attempt:
-            self.current = None
+        super()._settle(attempt, task)
 
-    async def get_attempt(self, request: web.Request) -> web.Response:
-        attempt = self._get(request)
-        try:
-            wait_s = min(float(request.query.get("wait", "0")), MAX_WAIT_S)
-        except ValueError as exc:
-            raise InvalidRequest("wait must be a number of seconds", field="wait") from exc
-        if wait_s > 0 and not attempt.done.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(attempt.done.wait(), wait_s)
-        return respond(attempt.result.to_json())
-
-    async def cancel_attempt(self, request: web.Request) -> web.Response:
-        attempt = self._get(request)
+    async def kill(self, attempt: FakeAttempt) -> None:
         if attempt.task is not None and not attempt.task.done():
             attempt.task.cancel()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(attempt.done.wait(), 10.0)
-        return respond(attempt.result.to_json())
 
-    async def ack_attempt(self, request: web.Request) -> web.Response:
-        attempt = self._get(request)
-        if not attempt.done.is_set():
-            raise Conflict(f"attempt {attempt.spec.attempt_id} is still running")
-        del self.attempts[attempt.spec.attempt_id]
-        await asyncio.to_thread(shutil.rmtree, attempt.dir, True)
-        return respond({"attempt_id": attempt.spec.attempt_id, "acknowledged": True})
-
-    async def logs(self, request: web.Request) -> web.Response:
-        attempt = self._get(request)
-        try:
-            offset = max(int(request.query.get("offset", "0")), 0)
-        except ValueError as exc:
-            raise InvalidRequest("offset must be an integer", field="offset") from exc
-        encoding = request.query.get("encoding", "text")
-        if encoding not in ("text", "base64"):
-            raise InvalidRequest("encoding must be text or base64", field="encoding")
-        done = attempt.done.is_set()  # before the read: a log read after it is complete
-        try:
-            with attempt.log.open("rb") as log:
-                size = log.seek(0, 2)
-                start = min(offset, size)
-                log.seek(start)
-                data = log.read(min(LOG_CHUNK, size - start))
-        except FileNotFoundError:
-            size, start, data = 0, 0, b""
-        if encoding == "base64":
-            text = base64.b64encode(data).decode("ascii")
-        else:
-            text = data.decode("utf-8", "replace")
-        end = start + len(data)
-        return respond({"data": text, "offset": end, "done": done and end >= size})
-
-    async def reset(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw) if raw.strip() else {}
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"body is not JSON: {exc}") from exc
-        if not isinstance(body, dict) or set(body) - {"wipe"}:
-            raise InvalidRequest("reset body is {wipe: [paths]}", field="wipe")
-        wipe = body.get("wipe") or []
-        if not isinstance(wipe, list) or not all(isinstance(p, str) for p in wipe):
-            raise InvalidRequest("wipe must be a list of paths", field="wipe")
+    async def wipe(self, paths: list[str]) -> dict[str, Any]:
+        """Unclean while an abandoned attempt's thread still runs; else empty the pod's
+        directories. ``paths`` name no volumes here (the fake has none)."""
         start = time.monotonic()
-        async with self._lock:
-            running = self.current
-            if running is not None and running.task is not None:
-                running.task.cancel()
-                await running.done.wait()
-            self.abandoned = [a for a in self.abandoned if a.running_thread()]
-            if self.abandoned:
-                ids = ", ".join(a.spec.attempt_id for a in self.abandoned)
-                reason = f"the thread of attempt {ids} still runs (a fake pod cannot stop it)"
-            else:
-                problems: list[str] = []
-                for path in self.layout.wiped():
-                    problems += await asyncio.to_thread(empty_dir, path)
-                reason = "; ".join(problems[:5])
+        self.abandoned = [a for a in self.abandoned if a.running_thread()]
+        if self.abandoned:
+            ids = ", ".join(a.spec.attempt_id for a in self.abandoned)
+            reason = f"the thread of attempt {ids} still runs (a fake pod cannot stop it)"
+        else:
+            problems: list[str] = []
+            for path in self.layout.wiped():
+                problems += await asyncio.to_thread(empty_dir, path)
+            reason = "; ".join(problems[:5])
         duration_ms = round((time.monotonic() - start) * 1000, 3)
-        return respond({"clean": not reason, "reason": reason, "duration_ms": duration_ms})
+        return {"clean": not reason, "reason": reason, "duration_ms": duration_ms}

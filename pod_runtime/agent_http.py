@@ -1,0 +1,281 @@
+"""The pod agent protocol's HTTP layer (docs/architecture.md §1), one piece for every agent:
+the real one (``pod_runtime.agent.Agent``) and the fake pod backend's in-process one
+(``pool_manager.backends.fake_pod.FakePod``), so the fake speaks exactly the real protocol.
+
+``AgentRoutes`` holds the attempt table and every route; a subclass says how an attempt is
+made (``new_attempt``), run (``run``) and killed (``kill``), how much of a log is served
+(``ended_log_size``, ``live_log_size``: the real agent caps logs, the fake does not), what a
+reset wipes (``wipe``) and what ``/healthz`` reports (``healthz``).
+
+Concurrency: single event loop. At most one attempt runs at a time (a second POST /attempts
+answers 409); ``_lock`` serialises starting an attempt with a reset, so a reset never races a
+start. Results (and their logs) are kept until the broker acknowledges them with
+``DELETE /attempts/{id}/result``. A re-POST of a known attempt id returns that attempt instead
+of running it twice (the broker may retry a POST whose answer it lost).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Coroutine
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, Generic, Protocol, TypeVar
+
+import orjson
+from aiohttp import web
+
+from functions.errors import Conflict, ErrorClass, FirepoolError, InvalidRequest, NotFound
+from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState, decode_spec, json_safe
+
+LOG_CHUNK = 1 << 20
+"""The most log bytes one ``GET /attempts/{id}/logs`` answers."""
+MAX_WAIT_S = 600.0
+"""The longest long poll ``GET /attempts/{id}?wait=S`` holds; a longer ``wait`` is cut to it."""
+CANCEL_WAIT_S = 10.0
+"""How long ``DELETE /attempts/{id}`` waits for the killed attempt to end before answering."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The largest request body served (an attempt's inline input)."""
+HTTP_STATUS = {
+    ErrorClass.UNKNOWN_FIELD: 400,
+    ErrorClass.INVALID_REQUEST: 400,
+    ErrorClass.NOT_FOUND: 404,
+    ErrorClass.CONFLICT: 409,
+}
+
+
+def respond(body: Any, status: int = 200) -> web.Response:
+    """Every answer is JSON: a string orjson refuses (a file name that is not UTF-8, in a
+    reset's reason or an error message) is sent escaped instead (``protocol.safe_text``)."""
+    try:
+        data = orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        data = orjson.dumps(json_safe(body))
+    return web.Response(body=data, status=status, content_type="application/json")
+
+
+def error_response(exc: FirepoolError) -> web.Response:
+    return respond({"error": exc.to_json()}, HTTP_STATUS.get(exc.error_class, 500))
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except FirepoolError as exc:
+        return error_response(exc)
+
+
+def reset_wipe(raw: bytes) -> list[str]:
+    """The paths a ``POST /reset`` body (``{wipe: [paths]}``, or empty) asks to wipe."""
+    try:
+        body = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"body is not JSON: {exc}") from exc
+    if not isinstance(body, dict) or set(body) - {"wipe"}:
+        raise InvalidRequest("reset body is {wipe: [paths]}", field="wipe")
+    wipe = body.get("wipe") or []
+    if not isinstance(wipe, list) or not all(isinstance(p, str) for p in wipe):
+        raise InvalidRequest("wipe must be a list of paths", field="wipe")
+    return wipe
+
+
+def utf8_boundary(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 sequence."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:
+            needed = 2 if byte >= 0xC0 else 1
+            needed = 3 if byte >= 0xE0 else needed
+            needed = 4 if byte >= 0xF0 else needed
+            return len(data) if needed <= back else len(data) - back
+    return len(data)
+
+
+class AgentAttempt(Protocol):
+    """What the routes read of an attempt: its spec, files, result and end."""
+
+    spec: AttemptSpec
+    dir: Path
+    result: AttemptResult
+    done: asyncio.Event
+    task: asyncio.Task[None] | None
+
+    @property
+    def log(self) -> Path: ...
+
+
+A = TypeVar("A", bound=AgentAttempt)
+
+
+class AgentRoutes(abc.ABC, Generic[A]):
+    """The attempts kept until acknowledged, the attempt running now, and the routes."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, A] = {}
+        self.current: A | None = None
+        self._lock = asyncio.Lock()
+
+    # What an agent supplies.
+
+    @abc.abstractmethod
+    async def healthz(self, request: web.Request) -> web.Response:
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def new_attempt(self, spec: AttemptSpec) -> A:
+        """A new attempt for ``spec``, its directory and empty log made (under ``_lock``)."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def run(self, attempt: A) -> Coroutine[Any, Any, None]:
+        """The attempt's work, run as its task: ends it with a result, never raises."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def kill(self, attempt: A) -> None:
+        """Cancel ``attempt``: it ends ``cancelled`` soon (a no-op once it has ended)."""
+        raise NotImplementedError
+
+    def ended_log_size(self, attempt: A, done: bool) -> int | None:
+        """How much of the log is served, fixed once the attempt ended; None: the log as it
+        is now (``live_log_size``). No cap: None."""
+        return None
+
+    def live_log_size(self, log: BinaryIO, size: int) -> int:
+        """How much of a log of ``size`` bytes, still written, is served. No cap: all."""
+        return size
+
+    @abc.abstractmethod
+    async def wipe(self, paths: list[str]) -> dict[str, Any]:
+        """Reset the pod (nothing runs; under ``_lock``); the report ``POST /reset`` answers."""
+        raise NotImplementedError
+
+    # The protocol.
+
+    def _get(self, request: web.Request) -> A:
+        attempt = self.attempts.get(request.match_info["id"])
+        if attempt is None:
+            raise NotFound(f"unknown attempt {request.match_info['id']}")
+        return attempt
+
+    async def post_attempt(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"body is not JSON: {exc}") from exc
+        spec = decode_spec(body)
+        attempt = await self.start_attempt(spec)
+        if not spec.wait:
+            return respond({"attempt_id": spec.attempt_id}, 202)
+        await attempt.done.wait()
+        return respond(attempt.result.to_json())
+
+    async def start_attempt(self, spec: AttemptSpec) -> A:
+        """The attempt ``spec`` names, started now unless it already exists (a retried POST
+        is idempotent). Raises ``Conflict`` if another attempt is running."""
+        async with self._lock:
+            attempt = self.attempts.get(spec.attempt_id)
+            if attempt is None:
+                if self.current is not None:
+                    raise Conflict(f"pod is busy with {self.current.spec.attempt_id}")
+                attempt = self.new_attempt(spec)
+                self.attempts[spec.attempt_id] = attempt
+                self.current = attempt
+                attempt.task = asyncio.create_task(self.run(attempt))
+                attempt.task.add_done_callback(partial(self._settle, attempt))
+        return attempt
+
+    def _settle(self, attempt: A, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never runs its body, ``finally`` included
+        (a cancel that lands in the same loop iteration as the start): settle the attempt
+        here, or its waiters and the pod's next reset would wait on it forever."""
+        if not attempt.done.is_set():
+            attempt.result.state = AttemptState.CANCELLED
+            attempt.result.fail(ErrorClass.CANCELLED, "cancelled before the job started")
+            attempt.result.finished = time.time()
+            attempt.done.set()
+        if self.current is attempt:
+            self.current = None
+
+    async def get_attempt(self, request: web.Request) -> web.Response:
+        attempt = self._get(request)
+        try:
+            wait_s = min(float(request.query.get("wait", "0")), MAX_WAIT_S)
+        except ValueError as exc:
+            raise InvalidRequest("wait must be a number of seconds", field="wait") from exc
+        if wait_s > 0 and not attempt.done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(attempt.done.wait(), wait_s)
+        return respond(attempt.result.to_json())
+
+    async def cancel_attempt(self, request: web.Request) -> web.Response:
+        attempt = self._get(request)
+        await self.kill(attempt)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(attempt.done.wait(), CANCEL_WAIT_S)
+        return respond(attempt.result.to_json())
+
+    async def ack_attempt(self, request: web.Request) -> web.Response:
+        attempt = self._get(request)
+        if not attempt.done.is_set():
+            raise Conflict(f"attempt {attempt.spec.attempt_id} is still running")
+        del self.attempts[attempt.spec.attempt_id]
+        await asyncio.to_thread(shutil.rmtree, attempt.dir, True)
+        return respond({"attempt_id": attempt.spec.attempt_id, "acknowledged": True})
+
+    async def logs(self, request: web.Request) -> web.Response:
+        attempt = self._get(request)
+        try:
+            offset = max(int(request.query.get("offset", "0")), 0)
+        except ValueError as exc:
+            raise InvalidRequest("offset must be an integer", field="offset") from exc
+        encoding = request.query.get("encoding", "text")
+        if encoding not in ("text", "base64"):
+            raise InvalidRequest("encoding must be text or base64", field="encoding")
+        done = attempt.done.is_set()  # before the read: a log read after it is complete
+        size = self.ended_log_size(attempt, done)
+        try:
+            with attempt.log.open("rb") as log:
+                if size is None:
+                    size = self.live_log_size(log, os.fstat(log.fileno()).st_size)
+                start = min(offset, size)
+                log.seek(start)
+                data = log.read(min(LOG_CHUNK, size - start))
+        except FileNotFoundError:
+            size, data = 0, b""
+        if encoding == "base64":  # the log's own bytes, whatever the job wrote
+            cut, text = len(data), base64.b64encode(data).decode("ascii")
+        else:
+            cut = utf8_boundary(data) if len(data) == LOG_CHUNK else len(data)
+            text = data[:cut].decode("utf-8", "replace")
+        new_offset = min(offset, size) + cut
+        return respond({"data": text, "offset": new_offset, "done": done and new_offset >= size})
+
+    async def reset(self, request: web.Request) -> web.Response:
+        paths = reset_wipe(await request.read())
+        async with self._lock:
+            running = self.current
+            if running is not None:
+                await self.kill(running)
+                await running.done.wait()
+            report = await self.wipe(paths)
+        return respond(report)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_post("/attempts", self.post_attempt)
+        app.router.add_get("/attempts/{id}", self.get_attempt)
+        app.router.add_delete("/attempts/{id}", self.cancel_attempt)
+        app.router.add_delete("/attempts/{id}/result", self.ack_attempt)
+        app.router.add_get("/attempts/{id}/logs", self.logs)
+        app.router.add_post("/reset", self.reset)
+        return app
