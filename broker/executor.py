@@ -36,9 +36,9 @@ def attempt_deadline_s(job_timeout_s: float | None, spec: FunctionSpec | None) -
     """How long the broker waits for an attempt's outcome before it counts the pod lost: the
     job's own ``timeout_s``, else its function's (the agent enforces it from the job's
     process), the grace, and for a function with requirements the agent's install budget,
-    which comes before the job's clock starts. Without it a slow install (a hanging index)
-    would be cut at ``timeout_s`` plus the grace and end ``PodLost``, retried on new pods
-    (36 s and 3 pods per call), instead of the agent's own ``DependencyInstallFailed``.
+    which comes before the job's clock starts, so a slow install (a hanging index) ends in the
+    agent's own ``DependencyInstallFailed``, not cut at ``timeout_s`` plus the grace as a
+    ``PodLost`` that is retried on new pods.
     ``spec`` None (a function gone, after a restart): the longest any may take."""
     if spec is None:
         return (job_timeout_s or MAX_TIMEOUT_S) + GRACE_S + INSTALL_TIMEOUT_S

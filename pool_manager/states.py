@@ -58,7 +58,12 @@ JOB_UNDOS: Mapping[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset(),
 }
 """The undos the broker takes, per state it leaves: each returns a job to the state its last
-durable record has (``Job.undo_to``)."""
+durable record has (``Job.undo_to``).
+
+Apart from ``JOB_TRANSITIONS`` because an undo is never written: the store's compare-and-set
+derives the states it accepts from ``JOB_TRANSITIONS`` alone, so no undo (SUCCEEDED back to
+RUNNING, say) can ever become durable. A named edge rather than a copy of the job put back:
+the live ``Job`` object is the one the queue and the waiters hold, so it is undone in place."""
 
 
 class PodState(StrEnum):
