@@ -140,14 +140,14 @@ async def run(
                 lease = tracker.claim(req, time.time())
             paths[lease.path] = paths.get(lease.path, 0) + 1
             now = time.time()
-            job.state = JobState.RUNNING
+            job.move_to(JobState.RUNNING)
             job.started = now
             job.attempts.append(Attempt(id=job.next_attempt_id(), pods=list(lease.pods)))
             job.acquisition = {"path": lease.path, "reason": lease.reason}
             await store.update(job, job.revision)
             tracker.launched(job.id, time.time())
             now = time.time()  # no-op execution
-            job.state = JobState.SUCCEEDED
+            job.move_to(JobState.SUCCEEDED)
             job.output = {"ok": True}
             job.attempts[-1].started = job.attempts[-1].finished = now
             job.attempts[-1].exit_code = 0

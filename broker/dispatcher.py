@@ -93,10 +93,10 @@ class Dispatcher:
         self.reconcile_s = reconcile_s
         self.live: dict[str, Job] = {}
         self.finishing: dict[str, Job] = {}
-        self.starting: dict[str, Job] = {}
-        """Jobs whose RUNNING commit is in flight, as the store has them (queued)."""
         """Jobs whose attempt ended and whose outcome is not yet in the store, as the store
         has them: what a read or a cancel sees meanwhile (``finish``)."""
+        self.starting: dict[str, Job] = {}
+        """Jobs whose RUNNING commit is in flight, as the store has them (queued)."""
         self.counters: Counter[str] = Counter()
         """Prometheus counters: ``path_<path>`` per claim, ``jobs_<state>`` per terminal job."""
         self._queue: list[Job] = []
