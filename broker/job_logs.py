@@ -64,7 +64,11 @@ class JobLogs:
                 # its log is archived once it is, which ``logs_settled`` then waits for.
                 await self._dispatcher.wait(job.id, SETTLE_WAIT_S)
             current = await self._get_job(job.id) or job
-            running = current.state is JobState.RUNNING and bool(current.attempts)
+            # The state as read now: ``current`` may be the dispatcher's live job, which an
+            # ending attempt changes during the reads below; ending on that change would skip
+            # the log's tail, which the archive then has.
+            state = current.state
+            running = state is JobState.RUNNING and bool(current.attempts)
             if running:
                 attempt = current.attempts[-1].id
                 if attempt_id is not None and attempt != attempt_id:
@@ -80,6 +84,6 @@ class JobLogs:
                 yield data
                 if follow or not running:  # chunks of 1 MiB: the archive's rest is there
                     continue
-            if not follow or current.state in TERMINAL_JOB_STATES:
+            if not follow or state in TERMINAL_JOB_STATES:
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
