@@ -23,6 +23,7 @@ def test_serve_stopped_by_sigint_exits_130_without_a_traceback(tmp_path: Path) -
         assert "Traceback" not in log, log[-3000:]
         assert "KeyboardInterrupt" not in log, log[-3000:]
     finally:
+        server.stop()
         kill_pods(home)
 
 
@@ -56,4 +57,5 @@ def test_a_sync_invoke_waiting_at_shutdown_is_answered_202_with_its_job(tmp_path
         assert answers[0].json()["state"] == "RUNNING"
         assert "Traceback" not in server.log(), server.log()[-3000:]
     finally:
+        server.stop()  # a no-op once stopped; a failed test leaves no broker serving
         kill_pods(home)
