@@ -24,9 +24,10 @@ import os
 import shutil
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Generic, Protocol, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import orjson
 from aiohttp import web
@@ -99,17 +100,21 @@ def utf8_boundary(data: bytes) -> int:
     return len(data)
 
 
-class AgentAttempt(Protocol):
-    """What the routes read of an attempt: its spec, files, result and end."""
+@dataclass(slots=True)
+class AgentAttempt:
+    """What every agent keeps of an attempt, and what the routes read: its spec, its files
+    (``dir``: the log and what the job writes), its result and its end. Each agent's attempt
+    adds what its runner needs."""
 
     spec: AttemptSpec
     dir: Path
     result: AttemptResult
-    done: asyncio.Event
-    task: asyncio.Task[None] | None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
 
     @property
-    def log(self) -> Path: ...
+    def log(self) -> Path:
+        return self.dir / "log"
 
 
 A = TypeVar("A", bound=AgentAttempt)
@@ -127,22 +132,19 @@ class AgentRoutes(abc.ABC, Generic[A]):
 
     @abc.abstractmethod
     async def healthz(self, request: web.Request) -> web.Response:
-        raise NotImplementedError
+        """``GET /healthz``: the pod, its role, whether it is busy, the attempts kept."""
 
     @abc.abstractmethod
     def new_attempt(self, spec: AttemptSpec) -> A:
         """A new attempt for ``spec``, its directory and empty log made (under ``_lock``)."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def run(self, attempt: A) -> Coroutine[Any, Any, None]:
         """The attempt's work, run as its task: ends it with a result, never raises."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     async def kill(self, attempt: A) -> None:
         """Cancel ``attempt``: it ends ``cancelled`` soon (a no-op once it has ended)."""
-        raise NotImplementedError
 
     def ended_log_size(self, attempt: A, done: bool) -> int | None:
         """How much of the log is served, fixed once the attempt ended; None: the log as it
@@ -156,7 +158,6 @@ class AgentRoutes(abc.ABC, Generic[A]):
     @abc.abstractmethod
     async def wipe(self, paths: list[str]) -> dict[str, Any]:
         """Reset the pod (nothing runs; under ``_lock``); the report ``POST /reset`` answers."""
-        raise NotImplementedError
 
     # The protocol.
 

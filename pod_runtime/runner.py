@@ -30,6 +30,7 @@ import orjson
 
 from functions.errors import ErrorClass, FirepoolError
 from pod_runtime import archive, job_main, jobuser, proctree, spawner
+from pod_runtime.agent_http import AgentAttempt
 from pod_runtime.cgroups import JobCgroups
 from pod_runtime.deps import INSTALL_TIMEOUT_S, Dependencies, DependencyInstallFailed
 from pod_runtime.gpu import Nvml
@@ -52,14 +53,9 @@ message and traceback); a larger file was not written by ``job_main``."""
 
 
 @dataclass(slots=True)
-class Attempt:
+class Attempt(AgentAttempt):
     """An attempt and its files; ``cause`` is set by timeout/cancel before the kill."""
 
-    spec: AttemptSpec
-    dir: Path
-    result: AttemptResult
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
     pid: int | None = None
     spawning: bool = False
     cause: ErrorClass | None = None
@@ -68,10 +64,6 @@ class Attempt:
     log_size: int | None = None
     """How much of the log is served, once the attempt ended and its log is capped
     (``log_cap.cap_log``); None before."""
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "log"
 
     @property
     def out(self) -> Path:

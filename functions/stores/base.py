@@ -26,6 +26,7 @@ only once the SHA-256 checks out. An upload straight from a client to the object
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import shutil
@@ -154,7 +155,7 @@ class PackageStore(Protocol):
         ...
 
 
-class HashingUpload:
+class HashingUpload(abc.ABC):
     """What every ``PackageUpload`` shares: the size cap, the running SHA-256, the digest check
     and the context manager. A store subclasses it with ``_append``, ``commit`` and ``close``."""
 
@@ -179,8 +180,9 @@ class HashingUpload:
         self._hash.update(chunk)
         self._append(chunk)
 
+    @abc.abstractmethod
     def _append(self, chunk: bytes) -> None:
-        raise NotImplementedError
+        """Keep ``chunk``, the next bytes of the package (size and hash already counted)."""
 
     def _check_hash(self) -> None:
         """``PackageRejected`` unless the bytes written hash to ``digest``."""
@@ -188,11 +190,13 @@ class HashingUpload:
         if actual != self._digest:
             raise PackageRejected(f"body sha256 is {actual}, not {self._digest}")
 
+    @abc.abstractmethod
     def commit(self, check: Check | None = None) -> bool:
-        raise NotImplementedError
+        """Store the bytes under the digest (``PackageUpload.commit``)."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Drop what an upload that was not committed kept (``PackageUpload.close``)."""
 
     def __enter__(self) -> Self:
         return self

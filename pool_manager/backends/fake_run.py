@@ -41,13 +41,14 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 import orjson
 
 from functions.errors import ErrorClass, FirepoolError, PackageRejected
+from pod_runtime.agent_http import AgentAttempt
 from pod_runtime.archive import DEFAULT_LIMITS, extract
 from pod_runtime.deps import DependencyInstallFailed
 from pod_runtime.job_main import (
@@ -60,7 +61,7 @@ from pod_runtime.job_main import (
     nests_too_deep,
 )
 from pod_runtime.jobenv import GpuEnv, build_job_env
-from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState
+from pod_runtime.protocol import AttemptResult, AttemptState
 from pod_runtime.reset import empty_dir
 from pod_runtime.runner import exit_message, finish_in_thread
 from pod_runtime.settings import PodLayout
@@ -73,20 +74,11 @@ ABANDONED = "its thread runs on (the fake backend cannot stop a thread; the pod'
 
 
 @dataclass(slots=True)
-class FakeAttempt:
+class FakeAttempt(AgentAttempt):
     """An attempt and its files (``dir``: log, input, output), kept until acknowledged."""
 
-    spec: AttemptSpec
-    dir: Path
-    result: AttemptResult
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
     thread: threading.Thread | None = None
     """An entrypoint's thread: alive while the function runs, a timeout or cancel included."""
-
-    @property
-    def log(self) -> Path:
-        return self.dir / "log"
 
     def running_thread(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
