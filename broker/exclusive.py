@@ -1,7 +1,7 @@
 """One broker per state directory and per job store.
 
 Two brokers on one ``FIREPOOL_HOME`` would each rebuild the pool from the same pod records,
-hand pods one caller had used to another (owner holds live in each broker's memory), and
+hand one caller's used pods to another (owner holds live in each broker's memory), and
 scale past the ceiling together; two brokers with their own homes on one MySQL store would
 each re-queue the other's running jobs at start and run them again. So a broker
 holds, for as long as it runs:

@@ -189,8 +189,8 @@ def test_a_pod_whose_owner_cannot_be_recorded_runs_no_user_code(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The owner is recorded on the pods before user code runs there: where it cannot be
-    (a full disk), the job does not launch, or a restarted broker could hand pods no record
-    says were used to another caller."""
+    (a full disk), the job does not launch, or a restarted broker could hand one caller's
+    pods, unrecorded, to another."""
     with threaded_broker(tmp_path / "home") as served:
         real_annotate = served.broker.backend.annotate
 

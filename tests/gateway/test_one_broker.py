@@ -1,7 +1,7 @@
 """One broker per state directory and per job store (``broker.exclusive``).
 
 A second broker on the same ``FIREPOOL_HOME`` would rebuild the pool from the same pod records
-and hand pods one caller had used to another, and two brokers with their own homes on one
+and hand one caller's used pods to another, and two brokers with their own homes on one
 MySQL store would re-queue each other's running jobs and run them twice: the second is refused
 before it touches a pod or a job.
 """
