@@ -349,9 +349,9 @@ class Dispatcher:
         outcome: Outcome,
         cancel_may_be_lost: bool = False,
     ) -> None:
-        """Record the attempt's outcome durably, then acknowledge it at the agent, reset and
-        release the pods, and only then answer waiters (so a caller's next step never finds
-        its own pod still resetting).
+        """Record the attempt's outcome durably, answer waiters (a gang's after the next
+        step), then reset, release and acknowledge at the agent. A caller's next step never
+        finds its own pod still resetting: its claim waits for the reset.
 
         An attempt the agent reports cancelled when this broker asked no cancel of it is the
         pod failing under the job (``PodLost``), unless ``cancel_may_be_lost`` (recovery: a
@@ -419,14 +419,26 @@ class Dispatcher:
         del self.finishing[job.id]
         if recorded is Recorded.TOO_LARGE:
             retry = False
-        # Only now may the agent forget the result: a crash before this point finds the
-        # attempt at the agent and finalizes it without running it again (paper A.1).
-        clean = await self.recycler.reset(list(pods), outcome.lost_pods)
-        retired = self.recycler.release(job.id, clean)
-        self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods, retired)
+        # The outcome is durable, so a one-pod job is answered now, before its reset: its
+        # session's next claim waits for this pod (``Tracker.resetting``) rather than take
+        # another, and a crash from here on finds the attempt at the agent and finalizes it
+        # without running it again (paper A.1). A gang is answered after its reset: it is
+        # claimed whole, and while its pods reset would take others.
+        answered = not retry and len(pods) == 1
+        if answered:
+            self.tracker.resetting(job.id)
+            self.recycler.answered(job.id)
+            self._cancel_requested.discard(job.id)
+            self._resolve(job)
+        try:  # only now may the agent forget the result
+            clean = await self.recycler.reset(list(pods), outcome.lost_pods)
+            retired = self.recycler.release(job.id, clean)
+            self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods, retired)
+        finally:
+            self.recycler.archive_begun(job.id)
         if retry:
             self.enqueue(job)
-        else:
+        elif not answered:
             self._cancel_requested.discard(job.id)
             self._resolve(job)
 

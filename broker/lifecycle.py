@@ -1,8 +1,9 @@
 """After an attempt: reset its pods, release them to the tracker, keep its logs.
 
 The dispatcher resets after the outcome is committed (the agent keeps the result until it is
-acknowledged, so a crash in between never runs the attempt twice) and before it answers the
-caller, so a caller's next step never finds its own pod still resetting. A pod is released
+acknowledged, so a crash in between never runs the attempt twice). A one-pod job is answered
+before its reset, and its session's next claim waits for the reset (``Tracker.resetting``),
+so a caller's next step never finds its own pod still resetting. A pod is released
 only after its agent reports a verified-clean reset; a pod that is lost or reports unclean is
 released as unclean, which retires it, and is deleted, never reused. Logs are archived and
 the attempt acknowledged afterwards, off the caller's path (a log read waits for that).
@@ -78,6 +79,8 @@ class PodRecycler:
         self.clock = clock
         self.on_change = on_change
         self._archiving: dict[str, asyncio.Task[None]] = {}
+        self._answered: dict[str, asyncio.Future[None]] = {}
+        """Jobs answered before their reset whose ``archive`` has not begun (``answered``)."""
 
     async def reset(self, pods: list[str], lost: list[str]) -> bool:
         """Reset every reachable pod; True iff every pod reported a verified-clean reset."""
@@ -127,8 +130,23 @@ class PodRecycler:
         if self._archiving.get(job_id) is task:
             del self._archiving[job_id]
 
+    def answered(self, job_id: str) -> None:
+        """The job is answered before its pods' reset: until ``archive_begun``, a log read
+        waits for the archive that follows rather than find none."""
+        self._answered[job_id] = asyncio.get_running_loop().create_future()
+
+    def archive_begun(self, job_id: str) -> None:
+        """After ``archive`` (or instead of it, when the reset or release raised): the log
+        reads ``answered`` held wait for the archiving task, if any, from now."""
+        waiting = self._answered.pop(job_id, None)
+        if waiting is not None:
+            waiting.set_result(None)
+
     async def logs_settled(self, job_id: str) -> None:
         """Wait until the job's logs are archived (a log read right after the job ended)."""
+        answered = self._answered.get(job_id)
+        if answered is not None:
+            await asyncio.shield(answered)
         task = self._archiving.get(job_id)
         if task is not None:
             await asyncio.wait({task})

@@ -29,7 +29,8 @@ class PassResult(NamedTuple):
     """Jobs placed this pass, in the order they were claimed."""
     waiting: list[ClaimRequest]
     """Jobs left queued, order kept: the demand handed to the scaler, but for those held
-    back behind a job that missed in their pool and those past their caller's own limits
+    back behind a job that missed in their pool, those waiting for their own pod's reset
+    (``Tracker.resetting``) and those past their caller's own limits
     (``Tracker.within_limits``)."""
     actions: list[Action]
     """Creates and deletes for the shell to carry out: budget already reserved for each
@@ -69,11 +70,11 @@ def dispatch_pass(
     # gang would wait out a whole 40 s stream of 1-pod jobs. Jobs of equal priority still
     # pass a one-pod miss: another caller's warm pod is no use to it.
     missed_at: dict[str, float] = {}  # SKU -> jobs below this priority wait (inf: a gang)
-    behind: list[ClaimRequest] = []
+    no_demand: list[ClaimRequest] = []  # waiting, but not demand
     for req in queued:
         if missed_at and req.priority < missed_at.get(req.sku, -_INF):
             waiting.append(req)
-            behind.append(req)
+            no_demand.append(req)
             continue
         if short and req.single_use and req.pods >= short.get(req.sku, req.pods + 1):
             waiting.append(req)
@@ -83,6 +84,9 @@ def dispatch_pass(
             leases.append(got)
             continue
         waiting.append(req)
+        if got.reason == "own_pod_resetting":
+            no_demand.append(req)  # its own pod is held for it after the reset: no demand
+            continue
         if got.reason in _OUT_OF_PODS:
             if req.pods < short.get(req.sku, req.pods + 1):
                 short[req.sku] = req.pods
@@ -94,8 +98,8 @@ def dispatch_pass(
     # demand past them they would make the scaler break other callers' holds and start pods
     # the caller could not use.
     demand = waiting
-    if behind:
-        later = set(map(id, behind))
+    if no_demand:
+        later = set(map(id, no_demand))
         demand = [req for req in waiting if id(req) not in later]
     if demand and tracker.limited:
         demand = tracker.within_limits(demand)

@@ -89,8 +89,9 @@ class Miss:
     """No placement now; the job stays queued and counts as demand."""
 
     reason: str
-    """``unknown_sku``, ``no_idle_pod``, ``gang_unplaceable``, ``caller_pod_limit`` or
-    ``caller_gpu_limit``."""
+    """``unknown_sku``, ``no_idle_pod``, ``gang_unplaceable``, ``caller_pod_limit``,
+    ``caller_gpu_limit`` or ``own_pod_resetting`` (the session's own pod is held for it once
+    its reset, in progress, reports clean: it waits, and is no demand)."""
 
 
 class PodRelease(NamedTuple):

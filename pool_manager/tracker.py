@@ -62,10 +62,19 @@ _IDLE, _ASSIGNED, _DELETED = PodState.IDLE, PodState.ASSIGNED, PodState.DELETED
 _pod_fields = attrgetter(*(f.name for f in fields(PodInfo)))
 _name = attrgetter("name")
 _new_lease = _new_release = tuple.__new__  # NamedTuple construction without the Python shim
+
+Session = tuple[str, str, str, str | None]
+"""``(sku, caller, queue, tag)``: whose held pods a warm claim takes (``PodIndex``'s bucket)."""
+
+
+def _session(req: ClaimRequest) -> Session:
+    return (req.sku, req.caller, req.queue, req.lease_tag)
+
+
 _MISSES = {
     r: Miss(r)
     for r in ("unknown_sku", "no_idle_pod", "gang_unplaceable", "caller_pod_limit",
-              "caller_gpu_limit")
+              "caller_gpu_limit", "own_pod_resetting")
 }  # fmt: skip
 
 
@@ -104,6 +113,11 @@ class Tracker:
         lease keeps its pods that are gone (``DELETED``) until the job is released."""
         self._switched: list[DeletePod] = []
         """Pods a session switch retired inside a claim, not yet handed to the shell."""
+        self._resetting: dict[str, Session] = {}
+        """Job id -> the session its one pod will be held for once its reset (in progress,
+        the job already answered) reports clean; ``release`` removes it."""
+        self._resetting_sessions: dict[Session, int] = {}
+        """Session -> how many of its pods are in such a reset: its claims wait for them."""
 
     # -- pods appear, become ready, vanish -------------------------------------------------
     def add_pod(self, pod: PodInfo, now: float, *, reserved: bool = True) -> bool:
@@ -191,6 +205,8 @@ class Tracker:
                     if self._limited:
                         self._usage.add_locked(req.caller, 1, gpus_per_pod(spec))
                     return _new_lease(Lease, (job_id, (pod.name,), "warm", None))
+                if self._resetting_sessions and _session(req) in self._resetting_sessions:
+                    return _MISSES["own_pod_resetting"]  # warm in a moment: wait for it
                 got = claim_cold_locked(self._index, self._sessions, req, spec, now)
                 miss = "no_idle_pod"
             else:
@@ -294,31 +310,70 @@ class Tracker:
                 return []
             index = self._index
             req, pods, _ = rec
-            spec, hold, switch = self._release_terms[req.sku]
-            left = switch and self._sessions.left_locked(req)
+            if self._resetting:
+                self._reset_done_locked(job_id)
+            spec, hold, _ = self._release_terms[req.sku]
             out: list[PodRelease] = []
             for pod in pods:
                 if pod.job_id != job_id or pod.state is _DELETED:
                     continue
                 if self._limited:
                     self._usage.add_locked(req.caller, -1, -gpus_per_pod(spec))
-                if not clean:
-                    why = "unclean_reset"
-                elif pod.retire_after or left:
-                    why = "session_boundary"
-                elif pod.single_use:
-                    why = "single_use"
-                elif pod.template != spec.template:
-                    why = "stale_template"
-                elif hold <= 0:
-                    why = "no_owner_hold"
-                else:
+                why = "unclean_reset" if not clean else self._retire_reason_locked(pod, req)
+                if why is None:
                     index.hold_locked(pod, req, now + hold, now)
                     out.append(_new_release(PodRelease, (pod.name, False, "held")))
                     continue
                 index.end_job_locked(pod, req, why, clean, now)
                 out.append(PodRelease(pod.name, True, why))
             return out
+
+    def _retire_reason_locked(self, pod: PodInfo, req: ClaimRequest) -> str | None:
+        """Why ``pod``, its job ``req`` ended and reset clean, retires rather than being held
+        for the job's session; None when it is held."""
+        spec, hold, switch = self._release_terms[req.sku]
+        if pod.retire_after or (switch and self._sessions.left_locked(req)):
+            return "session_boundary"
+        if pod.single_use:
+            return "single_use"
+        if pod.template != spec.template:
+            return "stale_template"
+        if hold <= 0:
+            return "no_owner_hold"
+        return None
+
+    def resetting(self, job_id: str) -> bool:
+        """The job ended, its outcome is committed, and it is answered before its pods' reset.
+        If it ran on one pod that a clean reset will hold for its session, the session's
+        claims miss (``own_pod_resetting``, no demand) until ``release``, so its next job runs
+        warm on that pod after the reset: never on the resetting pod, never on another pod
+        while its own resets. True if it did; False (nothing changes) for a gang, a
+        single-use job, or a pod that retires anyway."""
+        with self._lock:
+            rec = self._leases.get(job_id)
+            if rec is None or job_id in self._resetting:
+                return False
+            req, pods, _ = rec
+            if req.pods != 1 or len(pods) != 1 or req.single_use:
+                return False
+            pod = pods[0]
+            if pod.job_id != job_id or pod.state is _DELETED:
+                return False
+            if self._retire_reason_locked(pod, req) is not None:
+                return False
+            session = _session(req)
+            self._resetting[job_id] = session
+            self._resetting_sessions[session] = self._resetting_sessions.get(session, 0) + 1
+            return True
+
+    def _reset_done_locked(self, job_id: str) -> None:
+        session = self._resetting.pop(job_id, None)
+        if session is not None:
+            left = self._resetting_sessions[session] - 1
+            if left:
+                self._resetting_sessions[session] = left
+            else:
+                del self._resetting_sessions[session]
 
     # -- retirement and the scaler ---------------------------------------------------------
     def expire(self, now: float) -> list[DeletePod]:
@@ -398,6 +453,8 @@ class Tracker:
             self._usage.clear_locked()
             self._sessions.clear_locked()
             self._leases.clear()
+            self._resetting.clear()
+            self._resetting_sessions.clear()
             self.ledger.clear()
             usage = self._usage if self._limited else None
             orphans, leases = restore_locked(

@@ -43,6 +43,10 @@ CALLERS = ("alice", "bob", "carol")
 LEASED = (PodState.ASSIGNED, PodState.RUNNING)
 
 
+def session(req: ClaimRequest) -> tuple[str, str, str, str | None]:
+    return (req.sku, req.caller, req.queue, req.lease_tag)
+
+
 def card(pod: PodInfo) -> str:
     return pod.gpu if pod.gpu is not None else "\0" + pod.name
 
@@ -58,6 +62,8 @@ class ControlPlane(RuleBasedStateMachine):
         self.verified: dict[str, bool] = {}
         self.starting: set[str] = set()
         self.deleting: set[str] = set()
+        self.answered: dict[str, tuple[str, str, str, str | None]] = {}
+        """Jobs answered before their reset whose session waits for their pod."""
         self.ids = itertools.count()
 
     # -- the callers ---------------------------------------------------------------------
@@ -82,12 +88,18 @@ class ControlPlane(RuleBasedStateMachine):
         for i, req in enumerate(self.queue):
             before = {p.name: p for p in self.t.pods()}
             got = self.t.claim(req, self.now)
+            own_resets = session(req) in self.answered.values()
             if not isinstance(got, Lease):
+                assert (got.reason == "own_pod_resetting") == (
+                    own_resets and req.pods == 1 and not req.single_use
+                ) or got.reason in ("caller_pod_limit", "caller_gpu_limit"), got.reason
                 missed = {p.name: (p.state, p.owner, p.role) for p in self.t.pods()}
                 assert missed == {n: (p.state, p.owner, p.role) for n, p in before.items()}
                 waiting.append(req)
                 continue
             self.check_lease(req, got, before)
+            if own_resets and req.pods == 1 and not req.single_use:
+                assert got.path == "warm", "took another pod while its own was resetting"
             event(f"lease path {got.path}")
             switched = {d.name for d in self.t.take_retired()}
             for name in switched:  # a session switch ended only the caller's own other
@@ -155,6 +167,35 @@ class ControlPlane(RuleBasedStateMachine):
             if rel.retire:
                 self.deleting.add(rel.name)
         del self.leases[job]
+        self.answered.pop(job, None)
+
+    @precondition(
+        lambda self: any(
+            launched and job not in self.answered
+            for job, (_, _, launched) in self.leases.items()
+        )
+    )
+    @rule(data=st.data())
+    def answer_before_reset(self, data: st.DataObject) -> None:
+        jobs = sorted(
+            j for j, (_, _, launched) in self.leases.items() if launched and j not in self.answered
+        )
+        job = data.draw(st.sampled_from(jobs))
+        req, _, _ = self.leases[job]
+        if self.t.resetting(job):
+            assert req.pods == 1 and not req.single_use, "only a one-pod session waits"
+            self.answered[job] = session(req)
+            event("answered before reset: its session waits")
+        else:
+            event("answered before reset: nothing waits")
+
+    @precondition(lambda self: self.answered)
+    @rule(data=st.data())
+    def next_step_of_an_answered_caller(self, data: st.DataObject) -> None:
+        """What the caller does the moment its answer arrives: submit its next step."""
+        sku, caller, queue, tag = self.answered[data.draw(st.sampled_from(sorted(self.answered)))]
+        job = f"job-{next(self.ids)}"
+        self.queue.append(ClaimRequest(job, caller, sku, tag, queue, 1, False, self.now))
 
     @rule(dt=st.floats(min_value=0.5, max_value=40.0))
     def tick(self, dt: float) -> None:
@@ -237,9 +278,11 @@ class ControlPlane(RuleBasedStateMachine):
     def restart(self) -> None:
         pods = self.t.pods()
         fresh = Tracker(CATALOG, self.t.ledger)
-        assert fresh.restore(pods, self.now) == []
+        running = {job: req for job, (req, _, launched) in self.leases.items() if launched}
+        assert fresh.restore(pods, self.now, running) == []  # the store's RUNNING jobs
         self.t = fresh
         self.verified = {}
+        self.answered = {}  # a restarted broker answers again after recovery
         for job, (req, _, launched) in list(self.leases.items()):
             if not launched:  # never committed: recovery re-queues it
                 del self.leases[job]
