@@ -35,9 +35,11 @@ from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
 from broker.recovery import recover
 from broker.settings import Settings, private_home
+from broker.state_metrics import BrokerStateCollector
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
+from broker.telemetry import Telemetry, make_telemetry
 from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, open_package_store
@@ -122,6 +124,10 @@ class Broker:
         self.refusal = "the broker is shutting down"
         """Why new jobs are refused once ``accepting`` is False (the API's 503 says it)."""
         self.counters: Counter[str] = Counter()
+        self.telemetry: Telemetry = make_telemetry(settings.metrics)
+        """This broker's metrics, in its own registry: events (when ``FIREPOOL_METRICS`` is
+        on) and, always, the state gauges computed at scrape time."""
+        self.telemetry.registry.register(BrokerStateCollector(self))
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -144,6 +150,8 @@ class Broker:
             ),
         )
         t_store = time.monotonic()
+        if self.telemetry.enabled:
+            self.store.observe_commits(self.telemetry.store_commit)
         limit = self.store.max_statement_bytes
         if limit is not None and limit < 2 * self.settings.max_json_bytes + STATEMENT_OVERHEAD:
             log.warning(
@@ -162,11 +170,18 @@ class Broker:
             self.clock,
             on_change=self._wake,
             ready_timeout_s=self.settings.pod_ready_timeout_s,
+            telemetry=self.telemetry,
         )
         self.pods = pods
         # A release frees a pod to claim (wake); supply changes (create, ready, gone) replan.
         recycler = PodRecycler(
-            self.tracker, pods, self.agents, self.logs, self.clock, self._claim_again
+            self.tracker,
+            pods,
+            self.agents,
+            self.logs,
+            self.clock,
+            self._claim_again,
+            telemetry=self.telemetry,
         )
         self.recycler = recycler
         executor = Executor(self.agents, pods.endpoints, self.packages.url)
@@ -180,6 +195,7 @@ class Broker:
             self.clock,
             tick_s=self.settings.dispatch_tick_s,
             reconcile_s=self.settings.reconcile_s,
+            telemetry=self.telemetry,
         )
         self.counters = self._dispatcher.counters
         self._functions = FunctionRegistry(
@@ -370,6 +386,7 @@ class Broker:
         stored, created = await self.jobs.submit(job)
         if created:
             self.counters["jobs_submitted"] += 1
+            self.telemetry.job_submitted(stored.sku)
             self.dispatcher.enqueue(stored)
         return stored, created
 
@@ -417,6 +434,17 @@ class Broker:
     def queue_depth(self) -> int:
         """Jobs waiting for pods."""
         return len(self.dispatcher.queued())
+
+    def queue_summary(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Per ``(pool, queue)``, the jobs waiting for pods and the oldest one's submission
+        time (empty before ``start``)."""
+        if self._dispatcher is None:
+            return {}
+        out: dict[tuple[str, str], tuple[int, float]] = {}
+        for job in self._dispatcher.queued():
+            n, oldest = out.get((job.sku, job.queue), (0, job.submitted))
+            out[job.sku, job.queue] = (n + 1, min(oldest, job.submitted))
+        return out
 
     def held_unit_seconds(self) -> dict[str, float]:
         """Per accelerator, the GPU- or core-seconds its pools held so far."""

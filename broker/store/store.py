@@ -84,6 +84,11 @@ class JobStore:
         self._read.dispose()
         self._write_engine.dispose()
 
+    def observe_commits(self, hook: Callable[[int, float], None]) -> None:
+        """Tell ``hook`` ``(writes, seconds)`` of every committed transaction from now on,
+        on the writer thread (``GroupCommitWriter.on_commit``)."""
+        self._writer.on_commit = hook
+
     def writer_stats(self) -> WriterStats:
         """Group-commit counters (batches, writes, mean batch size)."""
         return self._writer.stats()
