@@ -22,6 +22,12 @@ from typing import Any, BinaryIO
 
 from broker import PROCESS_STARTED
 from broker.agent_client import AgentClient
+from broker.dashboard_views import (
+    CapacityHistory,
+    DashboardViews,
+    start_sampler,
+    stop_sampler,
+)
 from broker.dispatcher import Dispatcher
 from broker.exclusive import BrokerLocks
 from broker.executor import Executor
@@ -128,6 +134,10 @@ class Broker:
         """This broker's metrics, in its own registry: events (when ``FIREPOOL_METRICS`` is
         on) and, always, the state gauges computed at scrape time."""
         self.telemetry.registry.register(BrokerStateCollector(self))
+        self.capacity = CapacityHistory(self.ledger, self.clock)
+        """The units each accelerator held over the last hour (the dashboard's plot)."""
+        self._views: DashboardViews | None = None
+        self._sampler: asyncio.Task[None] | None = None
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -220,6 +230,8 @@ class Broker:
             on_lock_lost=self._lock_lost,
         )
         self._sweeps.start()
+        self._views = DashboardViews(self.store, self.tracker.pods, self.capacity, self.clock)
+        self._sampler = start_sampler(self.capacity)
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -268,6 +280,8 @@ class Broker:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._sweeps is not None:
             await self._sweeps.stop()
+        if self._sampler is not None:
+            await stop_sampler(self._sampler)
         if self._dispatcher is not None:
             await self.recycler.drain()
             await self.pods.drain()
@@ -449,6 +463,12 @@ class Broker:
     def held_unit_seconds(self) -> dict[str, float]:
         """Per accelerator, the GPU- or core-seconds its pools held so far."""
         return self.ledger.held_unit_seconds()
+
+    @property
+    def views(self) -> DashboardViews:
+        """The dashboard's reads (``broker.dashboard_views``)."""
+        assert self._views is not None, "broker not started"
+        return self._views
 
     def pool_report(self, with_pods: bool = False) -> dict[str, Any]:
         """``GET /v1/pools``: pools, budgets and, ``with_pods``, every pod."""

@@ -40,6 +40,7 @@ from functions.errors import (
 from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
+from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
 from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
@@ -514,6 +515,7 @@ def create_app(broker: Broker) -> Starlette:
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
+        *dashboard_routes(),
     ]
     app = Starlette(
         routes=routes,

@@ -279,6 +279,12 @@ class JobStore:
 
     # -- reads ----------------------------------------------------------------------------
 
+    async def select(self, stmt: Any) -> list[dict[str, Any]]:
+        """The rows of the read-only query ``stmt`` over the store's tables, on the read pool:
+        for report modules that aggregate what no method here reads
+        (``broker.dashboard_views``)."""
+        return await self._read_rows(stmt)
+
     async def _read_rows(self, stmt: Any) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._read_rows_sync, stmt)
 
