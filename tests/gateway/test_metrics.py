@@ -33,6 +33,8 @@ CATALOG = (
     "  tiny: {accelerator: cpu, min_count: 0, max_idle_count: 0, max_count: 1}\n"
 )
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+Looped = tuple[ThreadedBroker, list[dict[str, Any]]]
+"""The broker that served the loop, and its job records."""
 
 
 def scrape(url: str) -> Samples:
@@ -54,12 +56,12 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 
 
 def by(samples: Samples, name: str, *keys: str) -> Counter[tuple[str, ...]]:
-    """``name``'s samples summed by the labels ``keys``, zeros left out."""
+    """``name``'s samples (counts) summed by the labels ``keys``, zeros left out."""
     out: Counter[tuple[str, ...]] = Counter()
     for (n, ls), v in samples.items():
         if n == name and v:
             labels = dict(ls)
-            out[tuple(labels[k] for k in keys)] += v
+            out[tuple(labels[k] for k in keys)] += int(v)  # counts: whole numbers
     return out
 
 
@@ -77,7 +79,7 @@ def quiet(server: ThreadedBroker, timeout_s: float = 30.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def looped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedBroker, list]]:
+def looped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Looped]:
     """A broker that served a short agent loop: two callers' sessions on ``cpu`` (new, warm,
     a session switch), a caller on ``batch`` (its floor pod, then warm), one failing job."""
     home = tmp_path_factory.mktemp("metrics")
@@ -104,7 +106,7 @@ def looped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedB
         yield server, jobs
 
 
-def test_acquisitions_per_pool_path_and_reason_match_the_job_records(looped: Any) -> None:
+def test_acquisitions_per_pool_path_and_reason_match_the_job_records(looped: Looped) -> None:
     server, jobs = looped
     samples = scrape(server.url)
     records = Counter((j["sku"], j["acquisition"]["path"]) for j in jobs)
@@ -117,7 +119,7 @@ def test_acquisitions_per_pool_path_and_reason_match_the_job_records(looped: Any
     assert {path for _, path in records} >= {"warm", "idle"} and len(records) >= 3
 
 
-def test_start_latency_histograms_count_and_sum_each_job_once(looped: Any) -> None:
+def test_start_latency_histograms_count_and_sum_each_job_once(looped: Looped) -> None:
     server, jobs = looped
     samples = scrape(server.url)
     started = [j for j in jobs if j["timings"]["first_instruction"] is not None]
@@ -140,7 +142,7 @@ def test_start_latency_histograms_count_and_sum_each_job_once(looped: Any) -> No
     )
 
 
-def test_jobs_resets_and_http_requests_are_counted_as_they_happened(looped: Any) -> None:
+def test_jobs_resets_and_http_requests_are_counted_as_they_happened(looped: Looped) -> None:
     server, jobs = looped
     samples = scrape(server.url)
     submitted = Counter((j["sku"], "submitted") for j in jobs)
@@ -161,8 +163,8 @@ def test_jobs_resets_and_http_requests_are_counted_as_they_happened(looped: Any)
     assert total(samples, "firepool_http_request_seconds_count", route=invoke) == 9
 
 
-def test_pod_creates_deletes_and_readiness_match_the_pods_reported(looped: Any) -> None:
-    server, jobs = looped
+def test_pod_creates_deletes_and_readiness_match_the_pods_reported(looped: Looped) -> None:
+    server, _ = looped
     samples = scrape(server.url)
     with server.client("ops", Role.ADMIN) as fp:
         report = fp._call("GET", "/v1/pools", "pools", params={"pods": "1"})
@@ -180,7 +182,7 @@ def test_pod_creates_deletes_and_readiness_match_the_pods_reported(looped: Any) 
     assert total(samples, "firepool_budget_limit_units", accelerator="cpu") == 8
 
 
-def test_store_commits_are_those_the_writer_counted(looped: Any) -> None:
+def test_store_commits_are_those_the_writer_counted(looped: Looped) -> None:
     server, _ = looped
     samples = scrape(server.url)
     stats = server.broker.jobs.writer_stats()
@@ -189,7 +191,7 @@ def test_store_commits_are_those_the_writer_counted(looped: Any) -> None:
     assert total(samples, "firepool_store_commit_batch_size_sum") == stats.writes
 
 
-def test_held_capacity_split_adds_up_to_the_ledger_while_nothing_changes(looped: Any) -> None:
+def test_held_capacity_split_adds_up_to_the_ledger_while_nothing_changes(looped: Looped) -> None:
     server, _ = looped
     quiet(server)
     before = scrape(server.url)
@@ -204,7 +206,7 @@ def test_held_capacity_split_adds_up_to_the_ledger_while_nothing_changes(looped:
     assert "owner_held" in states  # the callers' pods are held for them
 
 
-def test_queue_gauges_show_waiting_jobs_by_pool_and_queue(looped: Any) -> None:
+def test_queue_gauges_show_waiting_jobs_by_pool_and_queue(looped: Looped) -> None:
     server, _ = looped
     with server.client("deployer", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="sleep", sku="tiny", entrypoint="behaviours:sleep")
