@@ -18,9 +18,11 @@ PAD = 4
 @dataclass(frozen=True, slots=True)
 class Chart:
     """``lines``: SVG ``points`` attribute values, one per unbroken run of points;
-    ``top``: the value at the top edge; ``last``: the newest value shown, if any."""
+    ``dots``: every point's (x, y), so a lone point shows too; ``top``: the value at the top
+    edge; ``last``: the newest value shown, if any."""
 
     lines: list[str]
+    dots: list[tuple[float, float]]
     top: float
     last: float | None
     width: int = WIDTH
@@ -33,6 +35,7 @@ def chart(points: Sequence[tuple[float, float | None]], since: float, until: flo
     top = max(values, default=0.0) or 1.0
     span = (until - since) or 1.0
     lines: list[str] = []
+    dots: list[tuple[float, float]] = []
     run: list[str] = []
     for at, value in points:
         if value is None:
@@ -43,6 +46,7 @@ def chart(points: Sequence[tuple[float, float | None]], since: float, until: flo
         x = PAD + (WIDTH - 2 * PAD) * min(1.0, max(0.0, (at - since) / span))
         y = HEIGHT - PAD - (HEIGHT - 2 * PAD) * (value / top)
         run.append(f"{x:.1f},{y:.1f}")
+        dots.append((round(x, 1), round(y, 1)))
     if run:
         lines.append(" ".join(run))
-    return Chart(lines, top, values[-1] if values else None)
+    return Chart(lines, dots, top, values[-1] if values else None)

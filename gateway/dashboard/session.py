@@ -35,11 +35,12 @@ SECURITY_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 """On every dashboard answer: scripts and styles from this server only, no framing, no
-caching of pages that show other callers' jobs."""
+caching of pages that show other callers' jobs, no URL of a page (job ids) sent to another
+site. (``no-referrer`` would make Chromium send ``Origin: null`` with the login form.)"""
 
 
 def dashboard_admin(request: Request) -> Principal:
