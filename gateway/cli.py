@@ -130,6 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        log_config=None,  # uvicorn's own lines go through the handler set above (text or JSON)
         access_log=False,
         loop="uvloop",
         http="httptools",

@@ -72,12 +72,11 @@ def json_formatter() -> logging.Formatter:
     """One JSON object per record: time (ISO 8601, UTC), level, logger, message, then the
     record's extra fields."""
     return OrjsonFormatter(
-        "{asctime}{levelname}{name}{message}",
+        "{levelname}{name}{message}",
         style="{",
-        rename_fields={"asctime": "time", "levelname": "level", "name": "logger",
-                       "exc_info": "traceback"},
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
-    )  # fmt: skip
+        rename_fields={"levelname": "level", "name": "logger", "exc_info": "traceback"},
+        timestamp="time",
+    )
 
 
 def formatter(fmt: str) -> logging.Formatter:
