@@ -36,9 +36,12 @@ PLOT_BUCKETS = 12
 """Start-latency points in the plot: one per five minutes of ``WINDOW_S``."""
 SAMPLE_EVERY_S = 10.0
 """How often ``CapacityHistory`` records the units each accelerator holds."""
-LAST_JOB_SCAN = 5000
+LAST_JOB_SCAN = 2000
 """Most recent jobs of a pool read to name each pod's last job (older ones are not named)."""
 BUSY_STATES = (PodState.ASSIGNED, PodState.RUNNING)
+WARM_ACQUISITION = '{"path":"warm"%'
+"""A warm job's ``acquisition`` text, as ``broker.store.codec`` writes ``{"path": "warm",
+"reason": ...}`` (``tests/gateway/test_dashboard_pages.py`` holds the two together)."""
 
 
 def percentile(ordered: Sequence[float], q: float) -> float | None:
@@ -226,11 +229,19 @@ class DashboardViews:
     def now(self) -> float:
         return self._clock()
 
-    async def _window_rows(self) -> list[dict[str, Any]]:
+    async def _window_rows(self, since: float) -> list[tuple[Any, ...]]:
+        """Per job submitted since ``since``: its pool, submit time, submit → first
+        instruction seconds (None before it started), whether it was acquired and whether
+        warm. The path is matched in the acquisition's JSON text as the store's codec writes
+        it (orjson, compact, ``path`` first), so no row's JSON is parsed here."""
         c = jobs.c
-        stmt = select(c.sku, c.submitted, c.first_instruction, c.acquisition).where(
-            c.submitted >= self._clock() - WINDOW_S
-        )
+        stmt = select(
+            c.sku,
+            c.submitted,
+            (c.first_instruction - c.submitted).label("start"),
+            c.acquisition.is_not(None).label("acquired"),
+            c.acquisition.like(WARM_ACQUISITION).label("warm"),
+        ).where(c.submitted >= since)
         return await self._store.select(stmt)
 
     async def start_stats(self) -> tuple[dict[str, StartStats], Plot]:
@@ -242,16 +253,14 @@ class DashboardViews:
         starts: dict[str, list[float]] = defaultdict(list)
         buckets: list[list[float]] = [[] for _ in range(PLOT_BUCKETS)]
         width = WINDOW_S / PLOT_BUCKETS
-        for row in await self._window_rows():
-            sku = row["sku"]
-            if row["acquisition"] is not None:
+        for sku, submitted, start, was_acquired, was_warm in await self._window_rows(since):
+            if was_acquired:
                 acquired[sku] += 1
-                if orjson.loads(row["acquisition"]).get("path") == "warm":
+                if was_warm:
                     warm[sku] += 1
-            if row["first_instruction"] is not None:
-                start = row["first_instruction"] - row["submitted"]
+            if start is not None:
                 starts[sku].append(start)
-                slot = min(PLOT_BUCKETS - 1, int((row["submitted"] - since) / width))
+                slot = min(PLOT_BUCKETS - 1, int((submitted - since) / width))
                 buckets[max(0, slot)].append(start)
         stats = {
             sku: StartStats(acquired[sku], warm[sku], tuple(sorted(starts[sku])))
@@ -285,10 +294,10 @@ class DashboardViews:
             .limit(LAST_JOB_SCAN)
         )
         last: dict[str, str] = {}
-        for row in await self._store.select(stmt):
-            for attempt in orjson.loads(row["attempts"]):
+        for job_id, attempts in await self._store.select(stmt):
+            for attempt in orjson.loads(attempts):
                 for pod in attempt["pods"]:
-                    last.setdefault(pod, row["id"])
+                    last.setdefault(pod, job_id)
         return last
 
     async def find_jobs(
@@ -314,22 +323,23 @@ class DashboardViews:
         )
         uses: dict[str, FunctionUse] = {}
         for row in await self._store.select(stmt):
-            uses.setdefault(row["name"], FunctionUse()).versions.append(FunctionVersion(**row))
+            version = FunctionVersion(*row)
+            uses.setdefault(version.name, FunctionUse()).versions.append(version)
         c = jobs.c
         calls = (
             select(c.function, c.state, func.count().label("n"))
             .where(c.submitted >= self._clock() - WINDOW_S)
             .group_by(c.function, c.state)
         )
-        for row in await self._store.select(calls):
-            use = uses.get(row["function"])
+        for function, state, n in await self._store.select(calls):
+            use = uses.get(function)
             if use is None:  # a deleted function's calls
                 continue
-            use.calls += row["n"]
-            if row["state"] == JobState.SUCCEEDED:
-                use.succeeded += row["n"]
-            elif row["state"] == JobState.FAILED:
-                use.failed += row["n"]
+            use.calls += n
+            if state == JobState.SUCCEEDED:
+                use.succeeded += n
+            elif state == JobState.FAILED:
+                use.failed += n
         return uses
 
 

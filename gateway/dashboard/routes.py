@@ -120,9 +120,7 @@ async def pool_detail(request: Request, broker: Broker) -> Response:
     sku: str = request.path_params["sku"]
     if sku not in broker.catalog.pools:
         raise NotFound(f"no pool named {sku!r}")
-    report = broker.pool_report()
-    stats, _plot = await broker.views.start_stats()
-    [row] = [r for r in pool_rows(report, stats) if r.sku == sku]
+    [row] = [r for r in pool_rows(broker.pool_report(), {}) if r.sku == sku]
     pods = await broker.views.pool_pods(sku)
     return render(request, "pool.html", live=True, row=row, pods=pods)
 

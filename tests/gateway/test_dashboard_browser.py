@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,3 +238,15 @@ def test_a_token_without_the_admin_role_is_refused(
         headers={"Authorization": f"Bearer {server.token('mallory', Role.DEPLOY)}"},
     )
     assert forbidden.status == 403
+
+
+def test_without_chromium_the_browser_tests_skip_saying_why_or_fail_where_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="Debian Chromium is not installed"):
+        browser_or_skip()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"{REQUIRE_ENV}=1 but Debian Chromium"):
+        browser_or_skip()

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.dashboard_views import StartStats, percentile, pool_rows
+from broker.dashboard_views import WARM_ACQUISITION, StartStats, percentile, pool_rows
+from broker.jobs import Job
+from broker.store.codec import job_row
 from gateway.dashboard.plot import HEIGHT, WIDTH, chart
 
 values = st.one_of(st.none(), st.floats(min_value=0, max_value=1e6))
@@ -65,3 +67,15 @@ def test_a_pool_row_sorts_the_reports_pods_by_state_and_role() -> None:
     )  # fmt: skip
     assert (row.budget_used, row.budget, row.held_unit_seconds) == (7, 8, 12.5)
     assert row.stats == StartStats()
+
+
+def test_the_store_writes_a_warm_acquisition_as_the_warm_hit_count_matches_it() -> None:
+    def acquisition(path: str) -> str:
+        job = Job("j", "f", 1, "c", "cpu", None, acquisition={"path": path, "reason": None})
+        text: str = job_row(job)["acquisition"]
+        return text
+
+    prefix = WARM_ACQUISITION.removesuffix("%")
+    assert acquisition("warm").startswith(prefix)
+    for other in ("recycled", "idle", "standby", "new", "single_use", "warmer"):
+        assert not acquisition(other).startswith(prefix)
