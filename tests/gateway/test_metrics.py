@@ -24,6 +24,7 @@ from pool_manager.model import PodInfo
 from pool_manager.states import PodState
 from tests.conftest import BEHAVIOURS, EXAMPLES
 from tests.helpers import ThreadedBroker, threaded_broker
+from tests.inprocess import inprocess_broker
 
 CATALOG = (
     "budgets: {cpu: 8}\n"
@@ -234,6 +235,19 @@ def test_metrics_off_records_no_events_but_keeps_the_state_gauges(tmp_path: Path
     names = {m.name for m in off.telemetry.registry.collect()}
     assert "firepool_pods" in names and "firepool_acquisitions" not in names
     assert {m.name for m in on.telemetry.registry.collect()} >= names | {"firepool_acquisitions"}
+
+
+async def test_a_broker_with_metrics_off_serves_the_state_gauges_only(tmp_path: Path) -> None:
+    async with inprocess_broker(tmp_path, metrics=False) as fp:
+        await fp.deploy(EXAMPLES / "noop", name="noop", entrypoint="noop:noop")
+        answer = await fp.client.post(
+            "/v1/functions/noop:invoke", json={"input": 1}, headers=fp.headers("alice")
+        )
+        assert answer.json()["state"] == "SUCCEEDED"
+        text = (await fp.client.get("/metrics")).text
+    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    assert {"firepool_pods", "firepool_held_unit_seconds_total", "firepool_ready"} <= names
+    assert not [n for n in names if "acquisitions" in n or "http" in n or "first" in n]
 
 
 @pytest.mark.parametrize(
