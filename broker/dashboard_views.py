@@ -226,9 +226,6 @@ class DashboardViews:
         self.capacity = capacity
         self._clock = clock
 
-    def now(self) -> float:
-        return self._clock()
-
     async def _window_rows(self, since: float) -> list[tuple[Any, ...]]:
         """Per job submitted since ``since``: its pool, submit time, submit → first
         instruction seconds (None before it started), whether it was acquired and whether

@@ -165,7 +165,9 @@ async def _job(broker: Broker, job_id: str) -> Any:
 @page()
 async def job_detail(request: Request, broker: Broker) -> Response:
     job = await _job(broker, request.path_params["job_id"])
-    return render(request, "job.html", live=True, job=job, now=broker.views.now())
+    polled = request.headers.get("hx-request") == "true"
+    status = STOP_POLLING if polled and job.state in TERMINAL_JOB_STATES else 200
+    return render(request, "job.html", status=status, live=True, job=job)
 
 
 @page()

@@ -217,8 +217,13 @@ async def test_the_job_page_shows_timings_acquisition_and_the_log(fp: InProcessB
     assert isinstance(acquisition, dict)
     assert f'data-field="path">{acquisition["path"]}<' in page.text
     assert "first instruction" in page.text and "SUCCEEDED" in page.text
+    polled = await fp.client.get(
+        f"/dashboard/jobs/{job['id']}", headers={**headers, "HX-Request": "true"}
+    )
+    assert polled.status_code == 286  # ended: htmx stops polling the record
+    assert "<html" not in polled.text and "SUCCEEDED" in polled.text
     log = await fp.client.get(f"/dashboard/jobs/{job['id']}/log", headers=headers)
-    assert log.status_code == 286  # ended: htmx stops polling
+    assert log.status_code == 286  # and its log
     assert "line from the job: 41" in log.text
     missing = await fp.client.get("/dashboard/jobs/nope", headers=headers)
     assert missing.status_code == 404
