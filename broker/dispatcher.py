@@ -32,6 +32,7 @@ from broker.lifecycle import PodRecycler
 from broker.pods import PodManager
 from broker.retry_policy import decide
 from broker.store import JobStore, StaleRevision
+from broker.telemetry import NO_TELEMETRY, Telemetry
 from functions.errors import ErrorClass, FirepoolError, TooLarge
 from functions.spec import FunctionSpec
 from pod_runtime.protocol import AttemptState
@@ -81,8 +82,10 @@ class Dispatcher:
         clock: Callable[[], float],
         tick_s: float = 3.0,
         reconcile_s: float = 5.0,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry
         self.tracker = tracker
         self.pods = pods
         self.executor = executor
@@ -131,6 +134,8 @@ class Dispatcher:
         log.info(
             "job %s queued: %s v%d for %s on %s%s", job.id, job.function, job.version,
             job.caller, job.sku, _retry_note(job),
+            extra={"event": "job_queued", "job_id": job.id, "caller": job.caller,
+                   "pool": job.sku, "function": job.function, "retries": job.retries},
         )  # fmt: skip
         self.wake()
 
@@ -161,8 +166,12 @@ class Dispatcher:
             "job %s ended %s%s %.3f s after submission%s", job.id, job.state,
             f" {job.error.get('class')}" if job.error else "", end - job.submitted,
             f" (ran {end - job.started:.3f} s)" if job.started is not None else "",
+            extra={"event": "job_ended", "job_id": job.id, "caller": job.caller,
+                   "pool": job.sku, "state": str(job.state),
+                   "error_class": (job.error or {}).get("class")},
         )  # fmt: skip
         self.counters[f"jobs_{str(job.state).lower()}"] += 1
+        self.telemetry.job_ended(job.sku, str(job.state))
         self.live.pop(job.id, None)
         for fut in self._waiters.pop(job.id, []):
             if not fut.done():
@@ -205,8 +214,10 @@ class Dispatcher:
                     self.counters[f"path_{lease.path}"] += 1
                     self.spawn(self._start(job, lease))
             self._queue = waiting
-        for action in result.actions:
-            self.pods.apply(action)
+        if result.actions:
+            wanted = {req.sku for req in result.waiting}
+            for action in result.actions:
+                self.pods.apply(action, demand=wanted)
 
     def _request(self, job: Job) -> ClaimRequest:
         spec = self.specs.get((job.function, job.version))
@@ -262,9 +273,15 @@ class Dispatcher:
             return
         del self.starting[job.id]
         self.tracker.launched(job.id, self.clock())
+        self.telemetry.acquired(
+            job.sku, lease.path, lease.reason, now - job.submitted if not job.retries else None
+        )
         log.info(
             "job %s started: attempt %s on %s, path %s%s", job.id, attempt.id,
             ",".join(lease.pods), lease.path, f" ({lease.reason})" if lease.reason else "",
+            extra={"event": "attempt_started", "job_id": job.id, "attempt_id": attempt.id,
+                   "caller": job.caller, "pool": job.sku, "pods": list(lease.pods),
+                   "path": lease.path, "reason": lease.reason},
         )  # fmt: skip
         owner_unrecorded = None
         first_use = lease.path not in ("warm", "recycled")
@@ -361,6 +378,15 @@ class Dispatcher:
             job, attempts=[dataclasses.replace(a) for a in job.attempts]
         )
         attempt = job.attempts[-1]
+        if outcome.first_instruction is not None:
+            self.telemetry.first_instruction(
+                job.sku,
+                (job.acquisition or {}).get("path") or "unknown",
+                outcome.first_instruction - job.submitted
+                if job.first_instruction is None
+                else None,
+                outcome.first_instruction - attempt.started if attempt.started else None,
+            )
         attempt.exit_code = outcome.exit_code
         attempt.started = outcome.started or attempt.started
         attempt.finished = outcome.finished or self.clock()

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from broker.agent_client import AgentClient, AgentUnreachable
-from broker.pods import PodManager
+from broker.pods import PodManager, pool_of
+from broker.telemetry import NO_TELEMETRY, Telemetry
 from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.lifecycle")
@@ -71,9 +73,11 @@ class PodRecycler:
         logs: LogArchive,
         clock: Callable[[], float],
         on_change: Callable[[], None],
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.tracker = tracker
         self.pods = pods
+        self.telemetry = telemetry
         self.agents = agents
         self.logs = logs
         self.clock = clock
@@ -192,15 +196,24 @@ class PodRecycler:
         endpoint = self.pods.endpoints.get(pod)
         if endpoint is None:
             return False
+        start = time.perf_counter()
+        clean = False
         try:
             report = await self.agents.reset(endpoint)
+            clean = bool(report.get("clean"))
+            if not clean:
+                log.warning(
+                    "pod %s reset unclean: %s", pod, report.get("reason"),
+                    extra={"event": "reset_unclean", "pod": pod, "pool": pool_of(pod)},
+                )  # fmt: skip
         except AgentUnreachable as exc:
-            log.warning("pod %s unreachable during reset: %s", pod, exc)
-            return False
-        if not report.get("clean"):
-            log.warning("pod %s reset unclean: %s", pod, report.get("reason"))
-            return False
-        return True
+            log.warning(
+                "pod %s unreachable during reset: %s", pod, exc,
+                extra={"event": "reset_unreachable", "pod": pod, "pool": pool_of(pod)},
+            )  # fmt: skip
+        finally:
+            self.telemetry.pod_reset(pool_of(pod), time.perf_counter() - start, clean)
+        return clean
 
 
 def ownership_annotations(pod: Any) -> dict[str, str | None]:

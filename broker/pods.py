@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from broker.agent_client import AgentClient
 from broker.background import BackgroundTasks
+from broker.telemetry import NO_TELEMETRY, Telemetry
 from pool_manager.backends.base import PodBackend
 from pool_manager.catalog import Catalog
 from pool_manager.model import CreatePod, DeletePod, PodInfo
@@ -76,6 +77,11 @@ def new_pod_name(sku: str, suffix: str | None = None) -> str:
     return f"{sku}-{suffix if suffix is not None else secrets.token_hex(4)}"
 
 
+def pool_of(name: str) -> str:
+    """The pool a pod's name (``new_pod_name``) says it is of."""
+    return name.rpartition("-")[0] or name
+
+
 class PodManager:
     def __init__(
         self,
@@ -86,8 +92,10 @@ class PodManager:
         clock: Callable[[], float],
         on_change: Callable[[], None],
         ready_timeout_s: float = 60.0,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.backend = backend
+        self.telemetry = telemetry
         self.tracker = tracker
         self.catalog = catalog
         self.agents = agents
@@ -101,7 +109,11 @@ class PodManager:
         self.create_failures: dict[str, CreateFailures] = {}
         """Per pool, its pods failing to start in a row (cleared by one becoming ready)."""
 
-    def apply(self, action: CreatePod | DeletePod) -> None:
+    def apply(self, action: CreatePod | DeletePod, demand: Collection[str] = ()) -> None:
+        """Carry out one of the scaler's actions. ``demand``: the pools with jobs left
+        waiting in the pass that planned it, which is why an active pod of one of them is
+        created (the metrics' create reason: ``demand``, else ``warm_target``, a floor or an
+        idle target; a standby pod is ``standby``)."""
         if isinstance(action, CreatePod):
             name = new_pod_name(action.sku)
             pool = self.catalog.pool(action.sku)
@@ -130,25 +142,38 @@ class PodManager:
                 now,
             )
             if tracked:  # False: a standby whose card emptied since the plan
+                reason = (
+                    "standby"
+                    if action.role == "standby"
+                    else "demand"
+                    if action.sku in demand
+                    else "warm_target"
+                )
+                self.telemetry.pod_create(action.sku, action.role, reason)
                 self._tasks.spawn(self._create(name, action))
         else:
             self.delete(action.name, action.reason)
 
     async def _create(self, name: str, action: CreatePod) -> None:
         pool = self.catalog.pool(action.sku)
+        asked = asyncio.get_running_loop().time()
         try:
             pod = await self.backend.create(name, pool, role=action.role, gpu=action.gpu)
         except Exception as exc:
+            self.telemetry.pod_create_failed(action.sku, "refused")
             self._failed(action.sku, f"create of pod {name} failed: {exc!r}")
             self.tracker.pod_gone(name, self.clock())
             self.on_change()
             return
         self.endpoints[name] = pod.endpoint
         if await self.wait_ready(name, pod.endpoint):
+            elapsed = asyncio.get_running_loop().time() - asked
+            self.telemetry.pod_ready(action.sku, action.role, elapsed)
             self.create_failures.pop(action.sku, None)
             self.tracker.pod_ready(name, self.clock(), gpu=pod.gpu)
             self.on_change()
         elif name not in self._deleting:  # not deleted on purpose while it started
+            self.telemetry.pod_create_failed(action.sku, "never_ready")
             self._failed(action.sku, f"pod {name} never became ready")
             self.delete(name, "never became ready")
 
@@ -209,10 +234,15 @@ class PodManager:
         if name in self._deleting:
             return
         self._deleting.add(name)
+        pod = self.tracker.get(name)
+        self.telemetry.pod_delete(pod.sku if pod is not None else pool_of(name), reason)
         self._tasks.spawn(self._delete(name, reason))
 
     async def _delete(self, name: str, reason: str) -> None:
-        log.info("deleting pod %s: %s", name, reason)
+        log.info(
+            "deleting pod %s: %s", name, reason,
+            extra={"event": "pod_deleted", "pod": name, "pool": pool_of(name), "reason": reason},
+        )  # fmt: skip
         endpoint = self.endpoints.pop(name, None)
         if endpoint is not None:
             await self.agents.forget(endpoint)

@@ -22,6 +22,12 @@ from typing import Any, BinaryIO
 
 from broker import PROCESS_STARTED
 from broker.agent_client import AgentClient
+from broker.dashboard_views import (
+    CapacityHistory,
+    DashboardViews,
+    start_sampler,
+    stop_sampler,
+)
 from broker.dispatcher import Dispatcher
 from broker.exclusive import BrokerLocks
 from broker.executor import Executor
@@ -35,9 +41,11 @@ from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
 from broker.recovery import recover
 from broker.settings import Settings, private_home
+from broker.state_metrics import BrokerStateCollector
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
+from broker.telemetry import Telemetry, make_telemetry
 from functions.errors import Forbidden, InvalidRequest, NotFound
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, open_package_store
@@ -122,6 +130,14 @@ class Broker:
         self.refusal = "the broker is shutting down"
         """Why new jobs are refused once ``accepting`` is False (the API's 503 says it)."""
         self.counters: Counter[str] = Counter()
+        self.telemetry: Telemetry = make_telemetry(settings.metrics)
+        """This broker's metrics, in its own registry: events (when ``FIREPOOL_METRICS`` is
+        on) and, always, the state gauges computed at scrape time."""
+        self.telemetry.registry.register(BrokerStateCollector(self))
+        self.capacity = CapacityHistory(self.ledger, self.clock)
+        """The units each accelerator held over the last hour (the dashboard's plot)."""
+        self._views: DashboardViews | None = None
+        self._sampler: asyncio.Task[None] | None = None
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -144,6 +160,8 @@ class Broker:
             ),
         )
         t_store = time.monotonic()
+        if self.telemetry.enabled:
+            self.store.observe_commits(self.telemetry.store_commit)
         limit = self.store.max_statement_bytes
         if limit is not None and limit < 2 * self.settings.max_json_bytes + STATEMENT_OVERHEAD:
             log.warning(
@@ -162,11 +180,18 @@ class Broker:
             self.clock,
             on_change=self._wake,
             ready_timeout_s=self.settings.pod_ready_timeout_s,
+            telemetry=self.telemetry,
         )
         self.pods = pods
         # A release frees a pod to claim (wake); supply changes (create, ready, gone) replan.
         recycler = PodRecycler(
-            self.tracker, pods, self.agents, self.logs, self.clock, self._claim_again
+            self.tracker,
+            pods,
+            self.agents,
+            self.logs,
+            self.clock,
+            self._claim_again,
+            telemetry=self.telemetry,
         )
         self.recycler = recycler
         executor = Executor(self.agents, pods.endpoints, self.packages.url)
@@ -180,6 +205,7 @@ class Broker:
             self.clock,
             tick_s=self.settings.dispatch_tick_s,
             reconcile_s=self.settings.reconcile_s,
+            telemetry=self.telemetry,
         )
         self.counters = self._dispatcher.counters
         self._functions = FunctionRegistry(
@@ -204,6 +230,8 @@ class Broker:
             on_lock_lost=self._lock_lost,
         )
         self._sweeps.start()
+        self._views = DashboardViews(self.store, self.tracker.pods, self.capacity, self.clock)
+        self._sampler = start_sampler(self.capacity)
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -252,6 +280,8 @@ class Broker:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._sweeps is not None:
             await self._sweeps.stop()
+        if self._sampler is not None:
+            await stop_sampler(self._sampler)
         if self._dispatcher is not None:
             await self.recycler.drain()
             await self.pods.drain()
@@ -370,6 +400,7 @@ class Broker:
         stored, created = await self.jobs.submit(job)
         if created:
             self.counters["jobs_submitted"] += 1
+            self.telemetry.job_submitted(stored.sku)
             self.dispatcher.enqueue(stored)
         return stored, created
 
@@ -418,9 +449,26 @@ class Broker:
         """Jobs waiting for pods."""
         return len(self.dispatcher.queued())
 
+    def queue_summary(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Per ``(pool, queue)``, the jobs waiting for pods and the oldest one's submission
+        time (empty before ``start``)."""
+        if self._dispatcher is None:
+            return {}
+        out: dict[tuple[str, str], tuple[int, float]] = {}
+        for job in self._dispatcher.queued():
+            n, oldest = out.get((job.sku, job.queue), (0, job.submitted))
+            out[job.sku, job.queue] = (n + 1, min(oldest, job.submitted))
+        return out
+
     def held_unit_seconds(self) -> dict[str, float]:
         """Per accelerator, the GPU- or core-seconds its pools held so far."""
         return self.ledger.held_unit_seconds()
+
+    @property
+    def views(self) -> DashboardViews:
+        """The dashboard's reads (``broker.dashboard_views``)."""
+        assert self._views is not None, "broker not started"
+        return self._views
 
     def pool_report(self, with_pods: bool = False) -> dict[str, Any]:
         """``GET /v1/pools``: pools, budgets and, ``with_pods``, every pod."""

@@ -183,6 +183,17 @@ def _store_url(name: str, text: str) -> str | None:
     return text
 
 
+LOG_FORMATS = ("text", "json")
+"""``firepool serve``'s log line formats (``gateway.log_format``)."""
+
+
+def _log_format(name: str, text: str) -> str:
+    """One of ``LOG_FORMATS``."""
+    if text not in LOG_FORMATS:
+        raise _refuse(name, f"one of {', '.join(LOG_FORMATS)}", text)
+    return text
+
+
 def _package_store(name: str, text: str) -> str:
     """One of the stores ``functions.stores.open_package_store`` builds."""
     if text not in PACKAGE_STORES:
@@ -306,6 +317,15 @@ class Settings:
     """Largest JSON request body (an invoke's input included)."""
     audience: str = "firepool"
     """JWT ``aud`` required on every token."""
+    metrics: bool = True
+    """Record the broker's event metrics (FIREPOOL_METRICS): acquisitions, start latencies,
+    creates, deletes, resets, store commits, HTTP requests (``broker.telemetry``). Off, those
+    cost nothing and ``/metrics`` serves only the state gauges read at scrape time (pods,
+    queues, budgets, held capacity); ``benchmarks.dashboard`` measures the cost A/B."""
+    log_format: Annotated[str, _log_format] = "text"
+    """``firepool serve``'s log lines (FIREPOOL_LOG_FORMAT, ``--log-format``): ``text``, one
+    readable line per event, or ``json``, one JSON object per line with the event's fields
+    (docs/observability.md)."""
 
     @property
     def resolved_store_url(self) -> str:

@@ -40,9 +40,10 @@ from functions.errors import (
 from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
+from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
-from gateway.metrics import render_metrics
+from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
 from gateway.openapi import build_openapi
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
@@ -417,7 +418,7 @@ async def readyz(request: Request) -> Response:
 
 @queries()
 async def metrics(request: Request) -> Response:
-    return Response(render_metrics(_broker(request)), media_type="text/plain; version=0.0.4")
+    return Response(render_metrics(_broker(request)), headers={"Content-Type": CONTENT_TYPE})
 
 
 @queries()
@@ -480,9 +481,13 @@ class RequestLog:
         try:
             await self.app(scope, receive, sent)
         finally:
+            ms = (time.perf_counter() - start) * 1000
+            caller = scope.get(CALLER, "-")
             access.info(
-                "%s %s %d %.1f ms %s", scope["method"], scope["path"], status,
-                (time.perf_counter() - start) * 1000, scope.get(CALLER, "-"),
+                "%s %s %d %.1f ms %s", scope["method"], scope["path"], status, ms, caller,
+                extra={"event": "http_request", "method": scope["method"],
+                       "path": scope["path"], "status": status, "ms": round(ms, 1),
+                       "caller": caller},
             )  # fmt: skip
 
 
@@ -510,11 +515,13 @@ def create_app(broker: Broker) -> Starlette:
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
+        *dashboard_routes(),
     ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(RequestLog)],
+        middleware=[Middleware(RequestLog)]
+        + ([Middleware(RequestMetrics, broker.telemetry)] if broker.telemetry.enabled else []),
         exception_handlers={
             FirepoolError: firepool_error,
             HTTPException: http_error,

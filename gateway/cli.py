@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import httpx
 import orjson
 
-from broker.settings import Settings
+from broker.settings import LOG_FORMATS, Settings
 from functions.errors import Conflict, FirepoolError, InvalidRequest, Unauthorized
 from functions.sdk import Client, ClientError, UnexpectedAnswer
 from gateway.auth import Authenticator, Role, load_key
@@ -100,11 +100,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from broker.pod_isolation import check_pod_isolation
     from broker.service import Broker
     from gateway.app import create_app
+    from gateway.log_format import configure_logging
 
     allow = args.allow_unsandboxed or None  # the flag wins; without it, the variable
-    settings = Settings.from_env(host=args.host, port=args.port, allow_unsandboxed=allow)
+    settings = Settings.from_env(
+        host=args.host, port=args.port, allow_unsandboxed=allow, log_format=args.log_format
+    )
     unsandboxed = check_pod_isolation(settings)  # refused before the home is touched
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(settings.log_format)
     broker = Broker(settings)
     with _store_answers(settings.resolved_store_url):  # a MySQL lock connects
         broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
@@ -127,6 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        log_config=None,  # uvicorn's own lines go through the handler set above (text or JSON)
         access_log=False,
         loop="uvloop",
         http="httptools",
@@ -465,6 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start even where local pods cannot be sandboxed (no bubblewrap): every job then "
         "runs as this user and can read the signing key and the job store "
         "(FIREPOOL_ALLOW_UNSANDBOXED=1)",
+    )
+    s.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help="log lines as readable text or as one JSON object each (FIREPOOL_LOG_FORMAT; "
+        "default text)",
     )
     s.set_defaults(fn=cmd_serve)
 

@@ -1,55 +1,73 @@
-"""Prometheus text exposition of the broker's counters and pool gauges."""
+"""``GET /metrics`` and the HTTP request metrics, over the broker's own registry.
+
+The exposition is prometheus_client's (it escapes label values); the registry is the
+broker's (``broker.telemetry``: event metrics, and the state gauges
+``broker.state_metrics`` computes at scrape time). ``RequestMetrics`` counts each request
+under its route's template (``/v1/jobs/{job_id}``, never the job id itself, so the series
+stay few) and times it to the start of its answer.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from broker.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from broker.service import Broker
 
-
-def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
-    if labels:
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        return f"{name}{{{inner}}} {value}"
-    return f"{name} {value}"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The text exposition format's media type, version included."""
+UNMATCHED = "unmatched"
+"""The route label of a request no route took (a 404): one series, whatever the path."""
 
 
-def render_metrics(broker: Broker) -> str:
-    lines = [
-        "# HELP firepool_jobs_total Jobs by event (submitted, or finished by state).",
-        "# TYPE firepool_jobs_total counter",
-    ]
-    for key, value in sorted(broker.counters.items()):
-        if key.startswith("jobs_"):
-            lines.append(_line("firepool_jobs_total", value, {"event": key[5:]}))
-    lines += [
-        "# HELP firepool_acquisitions_total Claims by acquisition path.",
-        "# TYPE firepool_acquisitions_total counter",
-    ]
-    for key, value in sorted(broker.counters.items()):
-        if key.startswith("path_"):
-            lines.append(_line("firepool_acquisitions_total", value, {"path": key[5:]}))
-    lines += ["# HELP firepool_pods Pods by pool, state and role.", "# TYPE firepool_pods gauge"]
-    counts: dict[tuple[str, str, str], int] = {}
-    for pod in broker.pod_infos():
-        labels = (pod.sku, str(pod.state), pod.role)
-        counts[labels] = counts.get(labels, 0) + 1
-    for (sku, state, role), n in sorted(counts.items()):
-        lines.append(_line("firepool_pods", n, {"pool": sku, "state": state, "role": role}))
-    lines += [
-        "# HELP firepool_queued_jobs Jobs waiting for pods.",
-        "# TYPE firepool_queued_jobs gauge",
-    ]
-    lines.append(_line("firepool_queued_jobs", broker.queue_depth()))
-    lines += [
-        "# HELP firepool_held_unit_seconds_total GPU- or core-seconds the pools of each "
-        "accelerator held: reserved at create until deleted (busy, idle, owner-held, starting, "
-        "terminating); rate() of it is the capacity held.",
-        "# TYPE firepool_held_unit_seconds_total counter",
-    ]
-    for acc, held in sorted(broker.held_unit_seconds().items()):
-        lines.append(
-            _line("firepool_held_unit_seconds_total", round(held, 3), {"accelerator": acc})
-        )
-    return "\n".join(lines) + "\n"
+def render_metrics(broker: Broker) -> bytes:
+    """Every metric of ``broker``'s registry in the Prometheus text format."""
+    return generate_latest(broker.telemetry.registry)
+
+
+def route_template(scope: Scope) -> str:
+    """The template of the route that took the request (set by Starlette's router)."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED
+
+
+class RequestMetrics:
+    """Counts every HTTP request by route template, method and status, and times it from its
+    arrival to its answer's start (``Telemetry.http_request``). A streamed answer (a followed
+    log) is counted when it starts: its length is the job's, not the gateway's."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        counted = False
+
+        async def sent(message: Message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                self.telemetry.http_request(
+                    route_template(scope), scope["method"], message["status"],
+                    time.perf_counter() - start,
+                )  # fmt: skip
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            if not counted:  # an exception escaped every handler: the server answers 500
+                self.telemetry.http_request(
+                    route_template(scope), scope["method"], 500, time.perf_counter() - start
+                )

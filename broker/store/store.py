@@ -84,6 +84,11 @@ class JobStore:
         self._read.dispose()
         self._write_engine.dispose()
 
+    def observe_commits(self, hook: Callable[[int, float], None]) -> None:
+        """Tell ``hook`` ``(writes, seconds)`` of every committed transaction from now on,
+        on the writer thread (``GroupCommitWriter.on_commit``)."""
+        self._writer.on_commit = hook
+
     def writer_stats(self) -> WriterStats:
         """Group-commit counters (batches, writes, mean batch size)."""
         return self._writer.stats()
@@ -273,6 +278,16 @@ class JobStore:
         return bool(await self._read_rows(stmt))
 
     # -- reads ----------------------------------------------------------------------------
+
+    async def select(self, stmt: Any) -> list[tuple[Any, ...]]:
+        """The rows of the read-only query ``stmt`` over the store's tables, on the read pool,
+        as tuples (a third of the cost of dicts on 10,000 rows): for report modules that
+        aggregate what no method here reads (``broker.dashboard_views``)."""
+        return await asyncio.to_thread(self._select_sync, stmt)
+
+    def _select_sync(self, stmt: Any) -> list[tuple[Any, ...]]:
+        with self._read.connect() as conn:
+            return list(conn.execute(stmt).all())  # a Row is a tuple
 
     async def _read_rows(self, stmt: Any) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._read_rows_sync, stmt)

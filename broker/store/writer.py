@@ -25,6 +25,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -148,6 +149,9 @@ class GroupCommitWriter:
         self._writes = 0
         self._max_seen = 0
         self._replays = 0
+        self.on_commit: Callable[[int, float], None] | None = None
+        """Told ``(writes, seconds)`` of each committed transaction, on the writer thread
+        (the broker's metrics; it must not block)."""
 
     def start(self) -> None:
         """Open the connection on the writer thread; raise what opening it raised."""
@@ -262,12 +266,16 @@ class GroupCommitWriter:
     def _transaction(self, conn: Connection, entries: list[_Entry[Any]]) -> list[Outcome]:
         """Run ``entries`` in one transaction and commit; raise (rolled back) on any error
         that is not a clean failure."""
+        start = time.perf_counter()
         with conn.begin():
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             try:
-                return self._execute(WriteContext(conn, cursor), [e.op for e in entries])
+                outcomes = self._execute(WriteContext(conn, cursor), [e.op for e in entries])
             finally:
                 cursor.close()
+        if self.on_commit is not None:
+            self.on_commit(len(entries), time.perf_counter() - start)
+        return outcomes
 
     def _deliver(self, batch: list[_Entry[Any]], outcomes: list[Outcome]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}

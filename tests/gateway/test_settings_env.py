@@ -55,6 +55,8 @@ SAMPLES = {
     "max_body_bytes": ("1048576", 1048576),
     "max_json_bytes": ("65536", 65536),
     "audience": ("firepool-staging", "firepool-staging"),
+    "metrics": ("false", False),
+    "log_format": ("json", "json"),
 }
 """A value other than the default for every field, as its variable's text and as read."""
 
@@ -123,6 +125,8 @@ def test_every_variable_is_in_the_readme_configuration_table() -> None:
         ("FIREPOOL_PORT", "70000", "a port (1-65535)"),
         ("FIREPOOL_SANDBOX", "yes", "1, true, 0, false or auto"),
         ("FIREPOOL_BACKEND", "k8s", "one of local, fake"),
+        ("FIREPOOL_LOG_FORMAT", "yaml", "one of text, json"),
+        ("FIREPOOL_METRICS", "on", "1, true, 0 or false"),
         ("FIREPOOL_AUDIENCE", "", "a non-empty string"),
         ("FIREPOOL_HOST", " ", "a non-empty string"),
         ("FIREPOOL_HOME", "", "a non-empty string"),

@@ -1,0 +1,1 @@
+"""The operator's dashboard: pages under ``/dashboard`` (``routes``), admin only (``session``)."""
