@@ -171,8 +171,7 @@ class ControlPlane(RuleBasedStateMachine):
 
     @precondition(
         lambda self: any(
-            launched and job not in self.answered
-            for job, (_, _, launched) in self.leases.items()
+            launched and job not in self.answered for job, (_, _, launched) in self.leases.items()
         )
     )
     @rule(data=st.data())

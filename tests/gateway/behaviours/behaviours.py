@@ -220,7 +220,5 @@ def leave_traces(request):
     marker = pathlib.Path(os.environ["FIREPOOL_SCRATCH_DIR"], "previous-job")
     found = marker.exists()
     marker.write_text(str(request))
-    subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
-    )
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     return {"found_previous": found, "pid": os.getpid()}
