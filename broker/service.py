@@ -93,6 +93,7 @@ class Broker:
             signer=UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
             base_url=settings.resolved_public_url,
             ttl_s=settings.package_url_ttl_s,
+            s3=settings.s3_config,
         )
         self.backend: PodBackend = backend or make_backend(
             settings.backend,
