@@ -46,6 +46,10 @@ class LogArchive:
             with self.path(job_id).open("ab" if offset else "wb") as f:
                 f.write(data)
 
+    def seal(self, job_id: str) -> None:
+        """The job's log is whole (its attempt's archiving ended): here it stays in its file;
+        ``broker.log_objects.ObjectLogArchive`` moves it to the object store."""
+
     def delete(self, job_id: str) -> None:
         """Forget the job's log (its result retention passed)."""
         self.path(job_id).unlink(missing_ok=True)
@@ -144,6 +148,7 @@ class PodRecycler:
                 try:
                     if rank == 0:
                         await self.keep_logs(job_id, endpoint, attempt_id)
+                        await asyncio.to_thread(self.logs.seal, job_id)
                     await self.agents.ack(endpoint, attempt_id)
                 except AgentUnreachable as exc:
                     log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)

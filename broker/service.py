@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
 import random
 import secrets
@@ -29,8 +30,10 @@ from broker.function_registry import FunctionRegistry
 from broker.job_logs import JobLogs
 from broker.jobs import Job
 from broker.keys import load_or_create_key
-from broker.lifecycle import LogArchive, PodRecycler
+from broker.lifecycle import PodRecycler
+from broker.log_objects import open_log_archive
 from broker.package_check import check_package_file
+from broker.package_uploads import Authorised, PackageUploads
 from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
 from broker.recovery import recover
@@ -38,9 +41,9 @@ from broker.settings import Settings, private_home
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
-from functions.errors import Forbidden, InvalidRequest, NotFound
+from functions.errors import Forbidden, InvalidRequest, NotFound, TooLarge
 from functions.spec import FunctionSpec
-from functions.stores import PackageStore, UrlSigner, open_package_store
+from functions.stores import PackageStore, UrlSigner, check_digest_syntax, open_package_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
 from pool_manager.backends.local import socket_path_error
@@ -95,6 +98,10 @@ class Broker:
             ttl_s=settings.package_url_ttl_s,
             s3=settings.s3_config,
         )
+        self.uploads = PackageUploads(self.packages, key)
+        """Uploads authorised here and sent straight to the object store (``s3``)."""
+        self.package_bytes_served = 0
+        """Package bytes this broker served to pods (``/v1/blobs``); 0 with the s3 store."""
         self.backend: PodBackend = backend or make_backend(
             settings.backend,
             root=home / "pods",
@@ -108,7 +115,7 @@ class Broker:
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
         self.agents = AgentClient()
-        self.logs = LogArchive(home / "logs")
+        self.logs = open_log_archive(home / "logs", self.packages)
         self.clock = time.time
         self._functions: FunctionRegistry | None = None
         self.locks = BrokerLocks(home, settings.resolved_store_url)
@@ -311,8 +318,43 @@ class Broker:
         self.packages.check_url(digest, expires, sig, time.time())
         path = self.packages.local_path(digest)
         if path is not None:
+            self.package_bytes_served += path.stat().st_size
             return path
-        return await asyncio.to_thread(self.packages.open, digest)
+        blob = await asyncio.to_thread(self.packages.open, digest)
+        self.package_bytes_served += blob.seek(0, io.SEEK_END)
+        blob.seek(0)
+        return blob
+
+    async def authorise_upload(
+        self, digest: str, size: int, caller: str, as_admin: bool
+    ) -> Authorised:
+        """How ``caller`` is to upload ``size`` bytes of ``digest`` (``broker.package_uploads``):
+        not at all when it already did, through the broker, or straight to the object store
+        (recorded as an upload hold until the ticket expires). ``TooLarge`` past the body
+        cap, ``QuotaExceeded`` past the caller's storage quota, ``StoreUnavailable`` when the
+        object store does not answer."""
+        check_digest_syntax(digest)
+        if size > self.settings.max_body_bytes:
+            raise TooLarge(f"the package is {size} bytes; the limit is "
+                           f"{self.settings.max_body_bytes}", field="size")  # fmt: skip
+        if await self.may_use_package(digest, caller, as_admin):
+            return Authorised(digest, size, "none")
+        authorised = await asyncio.to_thread(self.uploads.begin, digest, size, caller, self.clock())
+        if authorised.expires is not None:
+            await self.jobs.hold_package(digest, caller, size, authorised.expires)
+        return authorised
+
+    async def complete_upload(
+        self, digest: str, ticket: str, etags: list[str], caller: str
+    ) -> tuple[int, bool]:
+        """Finish ``caller``'s direct upload of ``digest`` (its ``ticket``): the staged bytes
+        are verified and copied into place, and only then is ``caller`` recorded as an
+        uploader. Returns the size and whether the bytes were new to the store."""
+        checked = self.uploads.check(ticket, digest, caller, self.clock())
+        created = await asyncio.to_thread(self.uploads.finish, checked, etags)
+        await self.jobs.put_package(digest, checked.size, caller)
+        await self.jobs.release_hold(digest, caller)
+        return checked.size, created
 
     # -- jobs ---------------------------------------------------------------------------
     def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:

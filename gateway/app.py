@@ -211,6 +211,41 @@ async def put_package(request: Request) -> Response:
     )
 
 
+UPLOAD_FIELDS = {"size": Field((int,), required=True)}
+COMPLETE_FIELDS = {"ticket": Field((str,), required=True), "etags": Field((list,))}
+
+
+@queries()
+async def authorise_upload(request: Request) -> Response:
+    """How to upload a package of ``size`` bytes (``broker.package_uploads``): not at all,
+    through ``PUT /v1/packages/{sha256}``, or straight to the object store."""
+    broker = _broker(request)
+    principal = _principal(request, Role.DEPLOY)
+    size = decode(await _json_body(request), UPLOAD_FIELDS)["size"]
+    if size < 0:
+        raise InvalidRequest("size must be >= 0", field="size")
+    authorised = await broker.authorise_upload(
+        request.path_params["sha256"], size, principal.caller, principal.is_admin
+    )
+    return JSONResponse(authorised.to_json())
+
+
+@queries()
+async def complete_upload(request: Request) -> Response:
+    """Verify a direct upload and record its caller as an uploader."""
+    broker = _broker(request)
+    principal = _principal(request, Role.DEPLOY)
+    body = decode(await _json_body(request), COMPLETE_FIELDS)
+    etags = body["etags"] or []
+    if not all(isinstance(e, str) for e in etags):
+        raise InvalidRequest("etags must be a list of strings", field="etags")
+    digest = request.path_params["sha256"]
+    size, created = await broker.complete_upload(digest, body["ticket"], etags, principal.caller)
+    return JSONResponse(
+        {"digest": digest, "size": size, "created": created}, status_code=201 if created else 200
+    )
+
+
 @queries("exp", "sig")
 async def get_blob(request: Request) -> Response:
     """Serve a package to a pod; the signed URL is the credential (no bearer token)."""
@@ -497,6 +532,8 @@ def create_app(broker: Broker) -> Starlette:
 
     routes = [
         Route("/v1/packages/{sha256}", put_package, methods=["PUT", "HEAD"]),
+        Route("/v1/packages/{sha256}/uploads", authorise_upload, methods=["POST"]),
+        Route("/v1/packages/{sha256}/uploads:complete", complete_upload, methods=["POST"]),
         Route("/v1/blobs/{sha256}", get_blob, methods=["GET"]),
         Route("/v1/functions", function_collection, methods=["GET", "POST"]),
         Route("/v1/functions/{name}/jobs", submit_job, methods=["POST"]),

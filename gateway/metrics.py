@@ -38,6 +38,12 @@ def render_metrics(broker: Broker) -> str:
     for (sku, state, role), n in sorted(counts.items()):
         lines.append(_line("firepool_pods", n, {"pool": sku, "state": state, "role": role}))
     lines += [
+        "# HELP firepool_package_bytes_served_total Package bytes the broker served to pods "
+        "(/v1/blobs); 0 with the s3 store, whose pods fetch from the bucket.",
+        "# TYPE firepool_package_bytes_served_total counter",
+        _line("firepool_package_bytes_served_total", broker.package_bytes_served),
+    ]
+    lines += [
         "# HELP firepool_queued_jobs Jobs waiting for pods.",
         "# TYPE firepool_queued_jobs gauge",
     ]
