@@ -275,3 +275,18 @@ def test_the_local_store_takes_the_same_client_flow_through_the_broker(tmp_path:
         fp.deploy(code, name="f", sku="cpu", entrypoint="main:f")
         assert fp.bytes_uploaded == size  # the second sent nothing
         assert fp.invoke("f", 1)["output"] == "local"
+
+
+def test_the_broker_counts_the_package_bytes_it_serves_with_its_own_store(tmp_path: Path) -> None:
+    """The counter the S3 test reads as 0 counts: with the local store, real pods fetch from
+    the broker's /v1/blobs."""
+    code = write_function(tmp_path / "fn", "served")
+    _, size = package_digest(code)
+    with (
+        threaded_broker(tmp_path / "home", package_store="local") as served,
+        served.client("deployer", Role.DEPLOY) as fp,
+    ):
+        fp.deploy(code, name="f", sku="cpu", entrypoint="main:f")
+        assert fp.invoke("f", 1)["output"] == "served"
+        assert served.broker.package_bytes_served == size
+        assert metric(served, "firepool_package_bytes_served_total") == size
