@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from functions.package_transfer import _put_part
 from functions.packaging import package_file
 from functions.sdk import ApiError
 from gateway.auth import Role
+from gateway.harness import REPO
 from tests.functions.s3_server import BUCKET, S3Server, start_or_skip
 from tests.helpers import ThreadedBroker, threaded_broker
 
@@ -290,3 +293,26 @@ def test_the_broker_counts_the_package_bytes_it_serves_with_its_own_store(tmp_pa
         assert fp.invoke("f", 1)["output"] == "served"
         assert served.broker.package_bytes_served == size
         assert metric(served, "firepool_package_bytes_served_total") == size
+
+
+def _cli(served: ThreadedBroker, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FIREPOOL_URL=served.url, FIREPOOL_TOKEN=token)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], env=env, cwd=REPO, capture_output=True,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+
+
+def test_firepool_deploy_says_what_it_uploaded_and_firepool_logs_reads_the_bucket(
+    served: ThreadedBroker, tmp_path: Path
+) -> None:
+    code = write_function(tmp_path / "fn", "cli")
+    _, size = package_digest(code)
+    token = served.token("cli-dev", Role.DEPLOY)
+    deploy = ("deploy", str(code), "--name", "f", "--sku", "cpu", "--entrypoint", "main:f")
+    assert f"uploaded {size} bytes" in _cli(served, token, *deploy).stderr
+    assert "uploaded 0 bytes" in _cli(served, token, *deploy).stderr
+    with served.client("cli-dev", Role.DEPLOY) as fp:
+        job = fp.invoke("f", 5)
+    assert _cli(served, token, "logs", job["id"]).stdout == "line one\nline two 5\n"
+    assert not list((served.home / "logs").iterdir())  # read from the bucket, not the disk
