@@ -54,6 +54,11 @@ class LogArchive:
         """Forget the job's log (its result retention passed)."""
         self.path(job_id).unlink(missing_ok=True)
 
+    def job_ids(self) -> list[str]:
+        """The jobs whose logs are kept here (the storage sweep deletes those of jobs past
+        retention: ``broker.storage_collection``). Blocks: call it from a worker thread."""
+        return [path.name.removesuffix(".log") for path in self.root.glob("*.log")]
+
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
         offsets: the same bytes)."""

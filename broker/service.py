@@ -36,8 +36,10 @@ from broker.package_check import check_package_file
 from broker.package_uploads import Authorised, PackageUploads
 from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
+from broker.quotas import StorageQuotas
 from broker.recovery import recover
 from broker.settings import Settings, private_home
+from broker.storage_collection import Collected, StorageCollector
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
@@ -125,6 +127,8 @@ class Broker:
         self._loop_task: asyncio.Task[None] | None = None
         self._sweeps: Sweeps | None = None
         self._logs: JobLogs | None = None
+        self._collector: StorageCollector | None = None
+        self._quotas: StorageQuotas | None = None
         self.ready = False
         self.accepting = True
         self.refusal = "the broker is shutting down"
@@ -196,6 +200,15 @@ class Broker:
         self._logs = JobLogs(
             self._dispatcher, pods.endpoints, self.agents, recycler, self.logs, self.get_job
         )
+        self._collector = StorageCollector(
+            self.packages, self.store, self.logs, self.settings.package_grace_s, self.clock
+        )
+        self._quotas = StorageQuotas(
+            self.store,
+            self.settings.storage_quota_bytes,
+            dict(self.settings.storage_quotas),
+            self.clock,
+        )
         await recover(self)
         t_recovered = time.monotonic()
         self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
@@ -207,6 +220,7 @@ class Broker:
             pods,
             self.backend,
             self.logs,
+            self.collector,
             self.clock,
             wake=self._wake,
             on_lock_lost=self._lock_lost,
@@ -285,8 +299,9 @@ class Broker:
 
     async def register_function(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
         """Store a new version of ``spec`` (``FunctionRegistry.register`` says what it
-        refuses)."""
-        return await self.functions.register(spec, as_admin)
+        refuses); its packages are not collected meanwhile."""
+        async with self.collector.guard.using(spec.package_digest, spec.requirements_digest):
+            return await self.functions.register(spec, as_admin)
 
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name`` (``FunctionRegistry.delete``)."""
@@ -302,14 +317,39 @@ class Broker:
         """Store the bytes ``chunks`` yields under ``digest`` (streamed: one chunk in memory;
         refused unless they hash to it, and, ``is_zip``, unless the pod's agent would extract
         them) and record ``caller`` as one who uploaded them. Returns the size and whether
-        the bytes were new to the store."""
+        the bytes were new to the store. ``QuotaExceeded`` (nothing stored) when they would
+        take ``caller`` past its storage quota; the package is not collected meanwhile."""
         check = check_package_file if is_zip else None
-        with self.packages.upload(digest) as upload:
-            async for chunk in chunks:
-                upload.write(chunk)
-            created = await asyncio.to_thread(upload.commit, check)
-        await self.jobs.put_package(digest, upload.size, caller)
+        async with self.collector.guard.using(digest):
+            with self.packages.upload(digest) as upload:
+                async for chunk in chunks:
+                    upload.write(chunk)
+                await self.check_storage_quota(caller, upload.size, digest=digest)
+                created = await asyncio.to_thread(upload.commit, check)
+            await self.jobs.put_package(digest, upload.size, caller)
         return upload.size, created
+
+    # -- storage: collection and quotas -------------------------------------------------
+    @property
+    def collector(self) -> StorageCollector:
+        assert self._collector is not None, "broker not started"
+        return self._collector
+
+    async def check_storage_quota(
+        self, caller: str, incoming_bytes: int, *, digest: str | None = None
+    ) -> None:
+        """``QuotaExceeded`` (413) when ``incoming_bytes`` more would take ``caller`` past
+        its storage quota (``broker.quotas``); ``digest``: the package being sent, which adds
+        nothing when ``caller`` already uploaded it. Call it before accepting an upload,
+        also one authorised to go straight to an object store."""
+        assert self._quotas is not None, "broker not started"
+        await self._quotas.check(caller, incoming_bytes, digest)
+
+    async def collect_storage(self, now: float | None = None) -> Collected:
+        """Delete the packages past their grace period that nothing references
+        (``broker.storage_collection``; the storage sweep calls it every
+        ``storage_sweep_s``)."""
+        return await self.collector.collect(now)
 
     async def package_blob(self, digest: str, expires: int, sig: str) -> Path | BinaryIO:
         """A package for a pod holding a signed URL: the store's own file where it keeps one,

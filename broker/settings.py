@@ -183,6 +183,19 @@ def _store_url(name: str, text: str) -> str | None:
     return text
 
 
+def _storage_quotas(name: str, text: str) -> tuple[tuple[str, int], ...]:
+    """Empty: none. Else ``CALLER=BYTES`` pairs separated by commas, each caller once and
+    each quota a whole number >= 0 (0: the caller may store nothing)."""
+    quotas: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        caller, sep, size = item.rpartition("=")
+        caller = caller.strip()
+        if not sep or not caller or caller in quotas:
+            raise _refuse(name, "CALLER=BYTES pairs separated by commas, each caller once", text)
+        quotas[caller] = _whole(name, size.strip(), 0, math.inf, "CALLER=BYTES with BYTES >= 0")
+    return tuple(quotas.items())
+
+
 def _package_store(name: str, text: str) -> str:
     """One of the stores ``functions.stores.open_package_store`` builds."""
     if text not in PACKAGE_STORES:
@@ -313,6 +326,23 @@ class Settings:
     """How long an Idempotency-Key deduplicates (FIREPOOL_IDEMPOTENCY_RETENTION_S)."""
     retention_sweep_s: Interval = 60.0
     """How often outputs past the store's result retention are expired (and logs deleted)."""
+    package_grace_s: Retention = 86400.0
+    """How long a package that no function version references stays stored
+    (FIREPOOL_PACKAGE_GRACE_S), counted from the latest of: when its bytes were stored, when
+    anyone last uploaded them, and when the last version naming it was deleted; an upload
+    authorised but not finished keeps it too. ``inf``: packages are never collected. A
+    package a function version (or a job still to run) names is never collected
+    (``broker.storage_collection``, docs/storage.md)."""
+    storage_sweep_s: Interval = 3600.0
+    """How often packages past their grace period are collected and job logs past result
+    retention deleted (FIREPOOL_STORAGE_SWEEP_S)."""
+    storage_quota_bytes: Count = 10 * 1024**3
+    """Bytes of packages each caller may keep stored (FIREPOOL_STORAGE_QUOTA_BYTES): an
+    upload that would take it past is refused with ``QuotaExceeded`` (413). Every package a
+    caller uploaded counts in full, also one another caller uploaded too (``broker.quotas``)."""
+    storage_quotas: Annotated[tuple[tuple[str, int], ...], _storage_quotas] = ()
+    """Per-caller quotas in bytes that replace ``storage_quota_bytes`` for those callers
+    (FIREPOOL_STORAGE_QUOTAS=``alice=1073741824,bob=0``; 0: may store nothing)."""
     gpu_sweep_s: Interval = 10.0
     """How often each GPU's exclusivity is re-verified (standby promotion needs it)."""
     lock_check_s: Interval = 30.0

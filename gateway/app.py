@@ -203,6 +203,9 @@ async def put_package(request: Request) -> Response:
         usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
         return Response(status_code=200 if usable else 404)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():  # refused before the body is read; checked again on its size
+        await broker.check_storage_quota(principal.caller, int(declared), digest=digest)
     chunks = body_chunks(request, broker.settings.max_body_bytes)
     size, created = await broker.upload_package(digest, chunks, principal.caller, is_zip)
     return JSONResponse(

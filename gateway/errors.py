@@ -14,7 +14,7 @@ STATUS: dict[ErrorClass, int] = {
     ErrorClass.EXPIRED: 410,
     ErrorClass.IDEMPOTENCY_MISMATCH: 422,
     ErrorClass.PACKAGE_REJECTED: 422,
-    ErrorClass.QUOTA_EXCEEDED: 429,
+    ErrorClass.QUOTA_EXCEEDED: 413,
     ErrorClass.TOO_LARGE: 413,
     ErrorClass.UNAVAILABLE: 503,
     ErrorClass.STORE_UNAVAILABLE: 503,

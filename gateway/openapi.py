@@ -314,7 +314,11 @@ def build_openapi(
                     **_op(
                         "Upload a package zip once (digest checked)",
                         "201",
-                        more={"413": "body too large", "422": "digest or zip rejected"},
+                        more={
+                            "413": "body too large, or over the caller's storage quota "
+                            "(`QuotaExceeded`)",
+                            "422": "digest or zip rejected",
+                        },
                         also_ok={"200": "already stored (`created` is false)"},
                     ),
                     "requestBody": {
