@@ -11,19 +11,20 @@ reader sees the same bytes at the same offsets wherever they are. A later attemp
 Concurrency: called from worker threads (``asyncio.to_thread``), like ``LogArchive``; one
 archiving task per job at a time (``PodRecycler``), so a seal never races a write of the same
 job. Store faults: a failed seal keeps the local file (logged; reads still work), a failed
-read raises ``StoreUnavailable``.
+read raises ``StoreUnavailable``, a delete goes to a background thread (it never blocks the
+event loop that calls it) and a failed one is logged.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from broker.lifecycle import READ_CHUNK, LogArchive
-from functions.errors import StoreUnavailable
 from functions.stores import PackageStore, S3PackageStore
 from functions.stores.s3 import error_code, store_error
 
@@ -41,6 +42,7 @@ class ObjectLogArchive(LogArchive):
         self.store = store
         self.client: Any = store.client
         self.bucket = store.bucket
+        self._deletes = ThreadPoolExecutor(1, thread_name_prefix="log-deletes")
 
     def key(self, job_id: str) -> str:
         return f"{self.store.config.prefix}logs/{job_id}.log"
@@ -81,11 +83,22 @@ class ObjectLogArchive(LogArchive):
             raise store_error(exc, doing) from exc
 
     def delete(self, job_id: str) -> None:
+        """Forget the job's log: its local file now, its object in the background (callers
+        such as the retention sweep run on the event loop; a store that is down must not
+        stall it). A failed delete is logged; the object is then left to the bucket's own
+        lifecycle rules (README, "Packages in S3")."""
         super().delete(job_id)
+        self._deletes.submit(self._delete_object, job_id)
+
+    def _delete_object(self, job_id: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self.key(job_id))
         except (ClientError, BotoCoreError) as exc:
-            raise StoreUnavailable(f"job {job_id}'s log was not deleted: {exc}") from exc
+            log.warning("job %s: its archived log was not deleted: %s", job_id, exc)
+
+    def flush(self) -> None:
+        """Wait for the deletes submitted so far (tests, shutdown)."""
+        self._deletes.submit(lambda: None).result()
 
 
 def open_log_archive(root: Path, packages: PackageStore) -> LogArchive:

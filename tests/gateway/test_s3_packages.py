@@ -214,6 +214,10 @@ def test_a_finished_jobs_log_is_read_back_from_the_bucket_at_the_same_offsets(
     assert archive.read(job["id"], 5) == text[5:]
     assert archive.read(job["id"], 9, 4) == text[9:13]
     assert archive.read(job["id"], len(text)) == b""
+    archive.delete(job["id"])  # its result retention passed
+    archive.flush()  # type: ignore[attr-defined]
+    assert head(s3_env, f"logs/{job['id']}.log") is None
+    assert archive.read(job["id"]) == b""
 
 
 def test_with_the_object_store_stopped_uploads_are_503_and_fetches_fail_typed(
