@@ -379,6 +379,7 @@ class Broker:
                            f"{self.settings.max_body_bytes}", field="size")  # fmt: skip
         if await self.may_use_package(digest, caller, as_admin):
             return Authorised(digest, size, "none")
+        await self.check_storage_quota(caller, size, digest=digest)
         authorised = await asyncio.to_thread(self.uploads.begin, digest, size, caller, self.clock())
         if authorised.expires is not None:
             await self.jobs.hold_package(digest, caller, size, authorised.expires)
@@ -391,8 +392,9 @@ class Broker:
         are verified and copied into place, and only then is ``caller`` recorded as an
         uploader. Returns the size and whether the bytes were new to the store."""
         checked = self.uploads.check(ticket, digest, caller, self.clock())
-        created = await asyncio.to_thread(self.uploads.finish, checked, etags)
-        await self.jobs.put_package(digest, checked.size, caller)
+        async with self.collector.guard.using(digest):
+            created = await asyncio.to_thread(self.uploads.finish, checked, etags)
+            await self.jobs.put_package(digest, checked.size, caller)
         await self.jobs.release_hold(digest, caller)
         return checked.size, created
 

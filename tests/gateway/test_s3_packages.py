@@ -320,3 +320,22 @@ def test_firepool_deploy_says_what_it_uploaded_and_firepool_logs_reads_the_bucke
         job = fp.invoke("f", 5)
     assert _cli(served, token, "logs", job["id"]).stdout == "line one\nline two 5\n"
     assert not list((served.home / "logs").iterdir())  # read from the bucket, not the disk
+
+
+def test_an_upload_past_the_callers_quota_is_refused_before_anything_is_presigned(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    settings = s3_settings(s3_env, backend="fake", storage_quotas=(("small", 100),))
+    data = os.urandom(101)
+    digest = hashlib.sha256(data).hexdigest()
+    with threaded_broker(tmp_path / "home", **settings) as served:
+        auth = {"Authorization": f"Bearer {served.token('small', Role.DEPLOY)}"}
+        refused = httpx.post(
+            f"{served.url}/v1/packages/{digest}/uploads", json={"size": 101}, headers=auth
+        )
+        fits = httpx.post(
+            f"{served.url}/v1/packages/{digest}/uploads", json={"size": 100}, headers=auth
+        )
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"]["class"] == "QuotaExceeded"
+    assert fits.status_code == 200 and fits.json()["transfer"] == "s3", fits.text
