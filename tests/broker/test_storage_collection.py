@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import shutil
 import time
+import zipfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,3 +296,40 @@ async def test_logs_of_jobs_past_retention_or_unknown_are_deleted(
         assert await world.jobs.expire(expired.submitted + 8 * 86400) == [expired.id]
         assert await world.collector.delete_expired_logs() == 2
         assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [f"{kept.id}.log"]
+
+
+async def test_the_broker_s_sweep_collects_what_no_function_uses_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The background loop, not a direct call: grace 0, a sweep every 50 ms."""
+    from gateway.auth import Role
+    from tests.inprocess import inprocess_broker
+
+    async with inprocess_broker(tmp_path, package_grace_s=0.0, storage_sweep_s=0.05) as fp:
+        headers = fp.headers("deployer", Role.DEPLOY)
+        used, used_data = zipped("used")
+        spare, spare_data = zipped("spare")
+        # With no grace period, a deploy's upload and registration are only safe together:
+        # holding the digest in use stands in for a grace period longer than the deploy.
+        async with fp.broker.collector.guard.using(used):
+            for digest, data in ((used, used_data), (spare, spare_data)):
+                put = await fp.client.put(f"/v1/packages/{digest}", content=data, headers=headers)
+                assert put.status_code == 201
+            body = {"name": "kept", "sku": "cpu", "package_digest": used, "command": ["true"]}
+            registered = await fp.client.post("/v1/functions", json=body, headers=headers)
+            assert registered.status_code == 201, registered.text
+        for _ in range(400):  # until the sweep has run past the spare package (20 s at most)
+            if not fp.broker.packages.exists(spare):
+                break
+            await asyncio.sleep(0.05)
+        assert not fp.broker.packages.exists(spare)
+        assert fp.broker.packages.exists(used)
+
+
+def zipped(name: str) -> tuple[str, bytes]:
+    """A package zip holding one file ``name``, and its digest."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(name, name)
+    data = buffer.getvalue()
+    return hashlib.sha256(data).hexdigest(), data
