@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from broker.store import JobStore
 from functions.errors import QuotaExceeded
+from functions.stores import check_digest_syntax
 
 
 class StorageQuotas:
@@ -43,9 +44,12 @@ class StorageQuotas:
     async def check(self, caller: str, incoming_bytes: int, digest: str | None = None) -> None:
         """``QuotaExceeded`` when ``caller``'s stored bytes plus ``incoming_bytes`` pass its
         quota. ``digest``: the package being sent, which adds nothing when ``caller`` already
-        uploaded it. Nothing incoming is always allowed."""
+        uploaded it (``InvalidRequest`` when it is not a digest). Nothing incoming is always
+        allowed."""
         if incoming_bytes < 0:
             raise ValueError("incoming_bytes must be >= 0")
+        if digest is not None:
+            check_digest_syntax(digest)  # a malformed one is refused as such, quota or not
         if digest is not None and await self._store.uploaded_by(digest, caller):
             incoming_bytes = 0
         if incoming_bytes == 0:  # nothing new to keep: allowed even to a caller over quota
