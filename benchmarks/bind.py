@@ -19,6 +19,20 @@ incompressible data served over real HTTP (``http.server`` on loopback). Medians
 Each job is followed by an untimed reset, as the broker does.
 
     python -m benchmarks.bind --json
+
+``--store s3`` measures the object-store path instead (issue 22): a real SeaweedFS on loopback
+(``tests/functions/s3_server.py``) holds the same kind of 4 MB package, and two medians are
+taken in one run, interleaved:
+
+- ``s3_bind_p50_ms``: what a pod does with a presigned GET: fetch it (``BlobCache``, aiohttp),
+  verify its sha256, and extract it safely (``archive.extract``), into a fresh cache and
+  directory each trial;
+- ``boto3_floor_p50_ms``: a plain ``boto3`` ``get_object`` of the same object and a
+  ``zipfile`` ``extractall`` (no verification, no safety checks);
+
+and ``ratio`` = the first over the second (goal <= 1.3).
+
+    python -m benchmarks.bind --store s3 --json
 """
 
 from __future__ import annotations
@@ -213,11 +227,97 @@ def _starts(root: Path, trials: int) -> dict[str, float]:
     return out
 
 
+S3_GOAL_RATIO = 1.3
+
+
+def _s3_bind(trials: int) -> dict[str, Any]:
+    """The ``--store s3`` medians (module docstring), against a SeaweedFS of its own."""
+    import io
+    import shutil
+
+    from functions.stores import S3PackageStore
+    from pod_runtime.archive import ArchiveLimits, extract
+    from tests.functions.s3_server import S3Server
+
+    server = S3Server.start()
+    try:
+        os.environ.update(server.env())
+        store = S3PackageStore(server.config())
+        with tempfile.TemporaryDirectory(prefix="fp-bench-s3-") as tmp:
+            root = Path(tmp)
+            _package(root / "pkg.zip", uuid.uuid4().hex)
+            digest = _digest(root / "pkg.zip")
+            with (root / "pkg.zip").open("rb") as f:
+                store.put_verified(digest, f, (root / "pkg.zip").stat().st_size)
+            client: Any = store.client
+            key = store.key(digest)
+
+            cache = BlobCache(root / "cache", max_bytes=1 << 30)  # one per pod: one session
+
+            async def ours(n: int) -> float:
+                cache.path(digest).unlink(missing_ok=True)  # not cached: fetched afresh
+                start = time.perf_counter()
+                zip_path, cached = await cache.get(BlobRef(store.url(digest), digest))
+                extract(zip_path, root / f"ours-{n}", ArchiveLimits())
+                took = (time.perf_counter() - start) * 1000.0
+                assert not cached
+                return took
+
+            def floor(n: int) -> float:
+                start = time.perf_counter()
+                body = client.get_object(Bucket=store.bucket, Key=key)["Body"].read()
+                with zipfile.ZipFile(io.BytesIO(body)) as zf:
+                    zf.extractall(root / f"floor-{n}")
+                return (time.perf_counter() - start) * 1000.0
+
+            async def run() -> tuple[list[float], list[float]]:
+                floor(-1)  # warm both: connections, imports
+                await ours(-1)
+                mine, plain = [], []
+                for n in range(trials):  # interleaved, the order alternating
+                    if n % 2:
+                        plain.append(floor(n))
+                        mine.append(await ours(n))
+                    else:
+                        mine.append(await ours(n))
+                        plain.append(floor(n))
+                    for leftover in (f"ours-{n}", f"floor-{n}"):
+                        shutil.rmtree(root / leftover, ignore_errors=True)
+                await cache.close()
+                return mine, plain
+
+            mine, plain = asyncio.run(run())
+    finally:
+        server.close()
+    ratio = statistics.median(mine) / statistics.median(plain)
+    return {
+        "store": "s3", "trials": trials, "package_bytes": (4 * 1024 * 1024),
+        "s3_bind_p50_ms": _p50(mine), "boto3_floor_p50_ms": _p50(plain),
+        "ratio": round(ratio, 3), "goal_ratio": S3_GOAL_RATIO,
+        "meets_goal": ratio <= S3_GOAL_RATIO,
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="benchmarks.bind", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="benchmarks.bind", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--trials", type=positive_int, default=20)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--store", choices=("http", "s3"), default="http",
+        help="http: the pod benchmarks above; s3: fetch+verify+unpack from SeaweedFS vs boto3",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.store == "s3":
+        result = _s3_bind(args.trials)
+        print(
+            json.dumps(result)
+            if args.json
+            else "\n".join(f"{k:>24}: {v}" for k, v in result.items())
+        )
+        return
     sandboxed, _ = sandbox_status()
     # /var/tmp, not /tmp: a sandboxed pod has a private /tmp and reads file:// URLs from /.
     with tempfile.TemporaryDirectory(prefix="fp-bench-bind-", dir="/var/tmp") as tmp:

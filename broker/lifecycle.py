@@ -49,9 +49,18 @@ class LogArchive:
             with self.path(job_id).open("ab" if offset else "wb") as f:
                 f.write(data)
 
+    def seal(self, job_id: str) -> None:
+        """The job's log is whole (its attempt's archiving ended): here it stays in its file;
+        ``broker.log_objects.ObjectLogArchive`` moves it to the object store."""
+
     def delete(self, job_id: str) -> None:
         """Forget the job's log (its result retention passed)."""
         self.path(job_id).unlink(missing_ok=True)
+
+    def job_ids(self) -> list[str]:
+        """The jobs whose logs are kept here (the storage sweep deletes those of jobs past
+        retention: ``broker.storage_collection``). Blocks: call it from a worker thread."""
+        return [path.name.removesuffix(".log") for path in self.root.glob("*.log")]
 
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         """Up to ``limit`` bytes of the archived log from byte ``offset`` (the agent's
@@ -166,6 +175,7 @@ class PodRecycler:
                 try:
                     if rank == 0:
                         await self.keep_logs(job_id, endpoint, attempt_id)
+                        await asyncio.to_thread(self.logs.seal, job_id)
                     await self.agents.ack(endpoint, attempt_id)
                 except AgentUnreachable as exc:
                     log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)

@@ -7,7 +7,8 @@ initiative unless the *pod* failed under it. So an attempt is retried only when
 
 - it failed with ``PodLost`` (the pod, not the function, failed), or
 - it provably ran no user code (the agent reported it never reached the entrypoint) and the
-  failure is one a fresh pod may not repeat (``Unavailable``, ``InternalError``),
+  failure is one a fresh pod may not repeat (``Unavailable``, ``InternalError``, and
+  ``PackageFetchFailed``: the next attempt gets a fresh URL, and the store may be back),
 
 and only while ``retries < max_retries``. ``FunctionError``, ``NonZeroExit``, ``OOM`` and
 ``Timeout`` are the function's own outcome and never retry; request errors (``PackageRejected``,
@@ -32,7 +33,7 @@ RETRY_ALWAYS: frozenset[ErrorClass] = frozenset({ErrorClass.POD_LOST})
 
 #: Retried only when the attempt provably ran no user code: a fresh pod may well succeed.
 RETRY_IF_NO_USER_CODE: frozenset[ErrorClass] = frozenset(
-    {ErrorClass.UNAVAILABLE, ErrorClass.INTERNAL}
+    {ErrorClass.UNAVAILABLE, ErrorClass.INTERNAL, ErrorClass.PACKAGE_FETCH_FAILED}
 )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
 import random
 import secrets
@@ -35,20 +36,24 @@ from broker.function_registry import FunctionRegistry
 from broker.job_logs import JobLogs
 from broker.jobs import Job
 from broker.keys import load_or_create_key
-from broker.lifecycle import LogArchive, PodRecycler
+from broker.lifecycle import PodRecycler
+from broker.log_objects import open_log_archive
 from broker.package_check import check_package_file
+from broker.package_uploads import Authorised, PackageUploads
 from broker.pods import PodManager, new_pod_name
 from broker.pool_report import pod_list, pool_report
+from broker.quotas import StorageQuotas
 from broker.recovery import recover
 from broker.settings import Settings, private_home
 from broker.state_metrics import BrokerStateCollector
+from broker.storage_collection import Collected, StorageCollector
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
 from broker.telemetry import Telemetry, make_telemetry
-from functions.errors import Forbidden, InvalidRequest, NotFound
+from functions.errors import Forbidden, InvalidRequest, NotFound, TooLarge
 from functions.spec import FunctionSpec
-from functions.stores import PackageStore, UrlSigner, open_package_store
+from functions.stores import PackageStore, UrlSigner, check_digest_syntax, open_package_store
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import make_backend
 from pool_manager.backends.local import socket_path_error
@@ -101,7 +106,12 @@ class Broker:
             signer=UrlSigner(hashlib.sha256(b"blob-url|" + key).digest()),
             base_url=settings.resolved_public_url,
             ttl_s=settings.package_url_ttl_s,
+            s3=settings.s3_config,
         )
+        self.uploads = PackageUploads(self.packages, key)
+        """Uploads authorised here and sent straight to the object store (``s3``)."""
+        self.package_bytes_served = 0
+        """Package bytes this broker served to pods (``/v1/blobs``); 0 with the s3 store."""
         self.backend: PodBackend = backend or make_backend(
             settings.backend,
             root=home / "pods",
@@ -115,7 +125,7 @@ class Broker:
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
         self.agents = AgentClient()
-        self.logs = LogArchive(home / "logs")
+        self.logs = open_log_archive(home / "logs", self.packages)
         self.clock = time.time
         self._functions: FunctionRegistry | None = None
         self.locks = BrokerLocks(home, settings.resolved_store_url)
@@ -125,6 +135,8 @@ class Broker:
         self._loop_task: asyncio.Task[None] | None = None
         self._sweeps: Sweeps | None = None
         self._logs: JobLogs | None = None
+        self._collector: StorageCollector | None = None
+        self._quotas: StorageQuotas | None = None
         self.ready = False
         self.accepting = True
         self.refusal = "the broker is shutting down"
@@ -214,6 +226,15 @@ class Broker:
         self._logs = JobLogs(
             self._dispatcher, pods.endpoints, self.agents, recycler, self.logs, self.get_job
         )
+        self._collector = StorageCollector(
+            self.packages, self.store, self.logs, self.settings.package_grace_s, self.clock
+        )
+        self._quotas = StorageQuotas(
+            self.store,
+            self.settings.storage_quota_bytes,
+            dict(self.settings.storage_quotas),
+            self.clock,
+        )
         await recover(self)
         t_recovered = time.monotonic()
         self._loop_task = asyncio.get_running_loop().create_task(self.dispatcher.run())
@@ -225,6 +246,7 @@ class Broker:
             pods,
             self.backend,
             self.logs,
+            self.collector,
             self.clock,
             wake=self._wake,
             on_lock_lost=self._lock_lost,
@@ -307,8 +329,9 @@ class Broker:
 
     async def register_function(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
         """Store a new version of ``spec`` (``FunctionRegistry.register`` says what it
-        refuses)."""
-        return await self.functions.register(spec, as_admin)
+        refuses); its packages are not collected meanwhile."""
+        async with self.collector.guard.using(spec.package_digest, spec.requirements_digest):
+            return await self.functions.register(spec, as_admin)
 
     async def delete_function(self, name: str, caller: str | None = None) -> bool:
         """Hide every version of ``name`` (``FunctionRegistry.delete``)."""
@@ -324,14 +347,39 @@ class Broker:
         """Store the bytes ``chunks`` yields under ``digest`` (streamed: one chunk in memory;
         refused unless they hash to it, and, ``is_zip``, unless the pod's agent would extract
         them) and record ``caller`` as one who uploaded them. Returns the size and whether
-        the bytes were new to the store."""
+        the bytes were new to the store. ``QuotaExceeded`` (nothing stored) when they would
+        take ``caller`` past its storage quota; the package is not collected meanwhile."""
         check = check_package_file if is_zip else None
-        with self.packages.upload(digest) as upload:
-            async for chunk in chunks:
-                upload.write(chunk)
-            created = await asyncio.to_thread(upload.commit, check)
-        await self.jobs.put_package(digest, upload.size, caller)
+        async with self.collector.guard.using(digest):
+            with self.packages.upload(digest) as upload:
+                async for chunk in chunks:
+                    upload.write(chunk)
+                await self.check_storage_quota(caller, upload.size, digest=digest)
+                created = await asyncio.to_thread(upload.commit, check)
+            await self.jobs.put_package(digest, upload.size, caller)
         return upload.size, created
+
+    # -- storage: collection and quotas -------------------------------------------------
+    @property
+    def collector(self) -> StorageCollector:
+        assert self._collector is not None, "broker not started"
+        return self._collector
+
+    async def check_storage_quota(
+        self, caller: str, incoming_bytes: int, *, digest: str | None = None
+    ) -> None:
+        """``QuotaExceeded`` (413) when ``incoming_bytes`` more would take ``caller`` past
+        its storage quota (``broker.quotas``); ``digest``: the package being sent, which adds
+        nothing when ``caller`` already uploaded it. Call it before accepting an upload,
+        also one authorised to go straight to an object store."""
+        assert self._quotas is not None, "broker not started"
+        await self._quotas.check(caller, incoming_bytes, digest)
+
+    async def collect_storage(self, now: float | None = None) -> Collected:
+        """Delete the packages past their grace period that nothing references
+        (``broker.storage_collection``; the storage sweep calls it every
+        ``storage_sweep_s``)."""
+        return await self.collector.collect(now)
 
     async def package_blob(self, digest: str, expires: int, sig: str) -> Path | BinaryIO:
         """A package for a pod holding a signed URL: the store's own file where it keeps one,
@@ -340,8 +388,45 @@ class Broker:
         self.packages.check_url(digest, expires, sig, time.time())
         path = self.packages.local_path(digest)
         if path is not None:
+            self.package_bytes_served += path.stat().st_size
             return path
-        return await asyncio.to_thread(self.packages.open, digest)
+        blob = await asyncio.to_thread(self.packages.open, digest)
+        self.package_bytes_served += blob.seek(0, io.SEEK_END)
+        blob.seek(0)
+        return blob
+
+    async def authorise_upload(
+        self, digest: str, size: int, caller: str, as_admin: bool
+    ) -> Authorised:
+        """How ``caller`` is to upload ``size`` bytes of ``digest`` (``broker.package_uploads``):
+        not at all when it already did, through the broker, or straight to the object store
+        (recorded as an upload hold until the ticket expires). ``TooLarge`` past the body
+        cap, ``QuotaExceeded`` past the caller's storage quota, ``StoreUnavailable`` when the
+        object store does not answer."""
+        check_digest_syntax(digest)
+        if size > self.settings.max_body_bytes:
+            raise TooLarge(f"the package is {size} bytes; the limit is "
+                           f"{self.settings.max_body_bytes}", field="size")  # fmt: skip
+        if await self.may_use_package(digest, caller, as_admin):
+            return Authorised(digest, size, "none")
+        await self.check_storage_quota(caller, size, digest=digest)
+        authorised = await asyncio.to_thread(self.uploads.begin, digest, size, caller, self.clock())
+        if authorised.expires is not None:
+            await self.jobs.hold_package(digest, caller, size, authorised.expires)
+        return authorised
+
+    async def complete_upload(
+        self, digest: str, ticket: str, etags: list[str], caller: str
+    ) -> tuple[int, bool]:
+        """Finish ``caller``'s direct upload of ``digest`` (its ``ticket``): the staged bytes
+        are verified and copied into place, and only then is ``caller`` recorded as an
+        uploader. Returns the size and whether the bytes were new to the store."""
+        checked = self.uploads.check(ticket, digest, caller, self.clock())
+        async with self.collector.guard.using(digest):
+            created = await asyncio.to_thread(self.uploads.finish, checked, etags)
+            await self.jobs.put_package(digest, checked.size, caller)
+        await self.jobs.release_hold(digest, caller)
+        return checked.size, created
 
     # -- jobs ---------------------------------------------------------------------------
     def _check_placeable(self, spec: FunctionSpec, caller: str) -> None:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from functions.errors import InvalidRequest
-from functions.stores import PACKAGE_STORES
+from functions.stores import PACKAGE_STORES, S3Config
 from pool_manager.backends.factory import BACKEND_KINDS
 
 log = logging.getLogger("firepool.broker")
@@ -194,11 +194,29 @@ def _log_format(name: str, text: str) -> str:
     return text
 
 
+def _storage_quotas(name: str, text: str) -> tuple[tuple[str, int], ...]:
+    """Empty: none. Else ``CALLER=BYTES`` pairs separated by commas, each caller once and
+    each quota a whole number >= 0 (0: the caller may store nothing)."""
+    quotas: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        caller, sep, size = item.rpartition("=")
+        caller = caller.strip()
+        if not sep or not caller or caller in quotas:
+            raise _refuse(name, "CALLER=BYTES pairs separated by commas, each caller once", text)
+        quotas[caller] = _whole(name, size.strip(), 0, math.inf, "CALLER=BYTES with BYTES >= 0")
+    return tuple(quotas.items())
+
+
 def _package_store(name: str, text: str) -> str:
     """One of the stores ``functions.stores.open_package_store`` builds."""
     if text not in PACKAGE_STORES:
         raise _refuse(name, f"one of {', '.join(PACKAGE_STORES)}", text)
     return text
+
+
+def _part_bytes(name: str, text: str) -> int:
+    """A multipart upload's part size: at least S3's 5 MiB."""
+    return _whole(name, text, 5 * 1024 * 1024, 5 * 1024**3, "a byte count in [5 MiB, 5 GiB]")
 
 
 def _backend(name: str, text: str) -> str:
@@ -273,7 +291,26 @@ class Settings:
     package_store: Annotated[str, _package_store] = "local"
     """Where uploaded packages are kept (FIREPOOL_PACKAGE_STORE): ``local``, files under
     ``home/packages``; ``memory``, this process's memory, lost when it stops (fast tests,
-    demos). Pods fetch either through the broker's signed ``/v1/blobs`` URLs."""
+    demos); pods fetch either through the broker's signed ``/v1/blobs`` URLs. ``s3``, a
+    bucket (``s3_*`` below; credentials from the standard AWS chain): pods fetch presigned
+    URLs of the object store, clients upload to it directly, and finished attempts' logs
+    are kept there too (README, "Packages in S3")."""
+    s3_bucket: str | None = None
+    """The bucket of the ``s3`` package store (FIREPOOL_S3_BUCKET); it must exist."""
+    s3_endpoint_url: Annotated[str | None, _http_url] = None
+    """An S3-compatible server's URL (FIREPOOL_S3_ENDPOINT_URL; MinIO, SeaweedFS...); unset:
+    AWS S3. Pods and clients reach this same URL: it must be one they can resolve."""
+    s3_region: str | None = None
+    """The bucket's region (FIREPOOL_S3_REGION); unset: the AWS chain's, else us-east-1."""
+    s3_path_style: bool = False
+    """Address the bucket as ``endpoint/bucket/key`` (FIREPOOL_S3_PATH_STYLE; most
+    self-hosted servers need it) rather than ``bucket.endpoint/key``."""
+    s3_url_ttl_s: Count = 300
+    """Lifetime of the presigned URLs the s3 store hands out (FIREPOOL_S3_URL_TTL_S): a pod's
+    package GET, a client's upload PUTs (an upload begun in time may run past it)."""
+    s3_part_bytes: Annotated[int, _part_bytes] = 64 * 1024 * 1024
+    """An upload larger than this goes to the bucket in parts of this size
+    (FIREPOOL_S3_PART_BYTES; at least S3's 5 MiB)."""
     dispatch_tick_s: Interval = 3.0
     """Fallback dispatcher tick; submit, release and pod-ready wake it immediately."""
     reconcile_s: Interval = 5.0
@@ -300,6 +337,23 @@ class Settings:
     """How long an Idempotency-Key deduplicates (FIREPOOL_IDEMPOTENCY_RETENTION_S)."""
     retention_sweep_s: Interval = 60.0
     """How often outputs past the store's result retention are expired (and logs deleted)."""
+    package_grace_s: Retention = 86400.0
+    """How long a package that no function version references stays stored
+    (FIREPOOL_PACKAGE_GRACE_S), counted from the latest of: when its bytes were stored, when
+    anyone last uploaded them, and when the last version naming it was deleted; an upload
+    authorised but not finished keeps it too. ``inf``: packages are never collected. A
+    package a function version (or a job still to run) names is never collected
+    (``broker.storage_collection``, docs/storage.md)."""
+    storage_sweep_s: Interval = 3600.0
+    """How often packages past their grace period are collected and job logs past result
+    retention deleted (FIREPOOL_STORAGE_SWEEP_S)."""
+    storage_quota_bytes: Count = 10 * 1024**3
+    """Bytes of packages each caller may keep stored (FIREPOOL_STORAGE_QUOTA_BYTES): an
+    upload that would take it past is refused with ``QuotaExceeded`` (413). Every package a
+    caller uploaded counts in full, also one another caller uploaded too (``broker.quotas``)."""
+    storage_quotas: Annotated[tuple[tuple[str, int], ...], _storage_quotas] = ()
+    """Per-caller quotas in bytes that replace ``storage_quota_bytes`` for those callers
+    (FIREPOOL_STORAGE_QUOTAS=``alice=1073741824,bob=0``; 0: may store nothing)."""
     gpu_sweep_s: Interval = 10.0
     """How often each GPU's exclusivity is re-verified (standby promotion needs it)."""
     lock_check_s: Interval = 30.0
@@ -334,6 +388,17 @@ class Settings:
     @property
     def resolved_public_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    @property
+    def s3_config(self) -> S3Config | None:
+        """The ``s3`` store's bucket and how to reach it; None without a bucket."""
+        if self.s3_bucket is None:
+            return None
+        return S3Config(
+            bucket=self.s3_bucket, endpoint_url=self.s3_endpoint_url, region=self.s3_region,
+            path_style=self.s3_path_style, url_ttl_s=self.s3_url_ttl_s,
+            part_bytes=self.s3_part_bytes,
+        )  # fmt: skip
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -107,11 +107,18 @@ class BrokerStateCollector(Collector):
                 "owner_held, starting, terminating), integrated between scrapes.",
                 labels=["pool", "accelerator", "owner_state"],
             ),
+            CounterMetricFamily(
+                "firepool_package_bytes_served",
+                "Package bytes the broker served to pods (/v1/blobs); 0 with the s3 store, "
+                "whose pods fetch from the bucket.",
+            ),
         )
 
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
-        (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f) = self._families()
+        (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f) = (
+            self._families()
+        )
         ready.add_metric([], 1.0 if broker.ready else 0.0)
         now = broker.clock()
         pods = broker.pod_infos()
@@ -132,7 +139,8 @@ class BrokerStateCollector(Collector):
             held_f.add_metric([accelerator], held)
         for key, held in sorted(self._integrate(pods, now).items()):
             split_f.add_metric(list(key), held)
-        yield from (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f)
+        served_f.add_metric([], broker.package_bytes_served)
+        yield from (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f)
 
     def _integrate(self, pods: list[PodInfo], now: float) -> dict[HeldKey, float]:
         """Add the interval since the last scrape at the units it saw, then take the pods'

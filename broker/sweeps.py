@@ -6,6 +6,8 @@
 - idle-pod checks: retire idle pods whose backend says they stopped, so a pod that died while
   idle is never handed to the next job (which would fail ``PodLost``);
 - retention: expire outputs past the result retention and delete their logs;
+- storage: collect packages past their grace period that nothing references, and delete
+  any log left of a job past retention (``broker.storage_collection``);
 - GPU exclusivity (paper A.4): re-verify each card; standby promotion stays off on a card
   until a successful read says only our pods use it, and after every restart.
 
@@ -23,6 +25,7 @@ from broker.exclusive import BrokerLocks
 from broker.lifecycle import LogArchive
 from broker.pods import IDLE_CHECK_S, PodManager
 from broker.settings import Settings
+from broker.storage_collection import StorageCollector
 from broker.store import JobStore
 from pool_manager.backends.base import PodBackend
 from pool_manager.tracker import Tracker
@@ -43,6 +46,7 @@ class Sweeps:
         pods: PodManager,
         backend: PodBackend,
         logs: LogArchive,
+        collector: StorageCollector,
         clock: Callable[[], float],
         wake: Callable[[], None],
         on_lock_lost: Callable[[str], None],
@@ -54,6 +58,7 @@ class Sweeps:
         self._pods = pods
         self._backend = backend
         self._logs = logs
+        self._collector = collector
         self._clock = clock
         self._wake = wake
         self._on_lock_lost = on_lock_lost
@@ -64,6 +69,7 @@ class Sweeps:
             self._lock_checks(),
             self._idle_pod_checks(),
             self._retention(),
+            self._storage(),
             self._gpu_exclusivity(),
         ]
         loop = asyncio.get_running_loop()
@@ -107,6 +113,15 @@ class Sweeps:
                         break
             except Exception:
                 log.exception("retention sweep failed")
+
+    async def _storage(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.storage_sweep_s)
+            try:
+                await self._collector.collect()
+                await self._collector.delete_expired_logs()
+            except Exception:
+                log.exception("storage sweep failed; trying again next time")
 
     async def _gpu_exclusivity(self) -> None:
         while True:

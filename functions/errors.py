@@ -32,6 +32,8 @@ class ErrorClass(StrEnum):
     EXPIRED = "Expired"
     TOO_LARGE = "TooLarge"
     UNAVAILABLE = "Unavailable"
+    STORE_UNAVAILABLE = "StoreUnavailable"
+    PACKAGE_FETCH_FAILED = "PackageFetchFailed"
     INTERNAL = "InternalError"
 
 
@@ -98,3 +100,22 @@ class TooLarge(FirepoolError):
 
 class Unavailable(FirepoolError):
     error_class = ErrorClass.UNAVAILABLE
+
+
+class StoreUnavailable(FirepoolError):
+    """The object store holding packages and logs is down or refused the broker's request (a
+    connection refused, a 5xx, credentials it does not accept). Nothing was stored; the same
+    request may succeed after ``retry_after_s`` (the API's 503 ``Retry-After``)."""
+
+    error_class = ErrorClass.STORE_UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+
+class PackageFetchFailed(FirepoolError):
+    """A pod could not fetch its package: the server refused the URL (tampered, expired: a
+    403), or the store stayed unreachable until the attempt's deadline. No user code ran."""
+
+    error_class = ErrorClass.PACKAGE_FETCH_FAILED

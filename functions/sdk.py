@@ -23,7 +23,8 @@ import httpx
 import orjson
 
 from functions.errors import InvalidRequest
-from functions.packaging import CHUNK, package_file, sha256_hex
+from functions.package_transfer import send_package
+from functions.packaging import package_file, sha256_hex
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -120,6 +121,9 @@ class Client:
             timeout=timeout,
             headers={"Authorization": f"Bearer {token}"},
         )
+        self.bytes_uploaded = 0
+        """Package bytes this client sent (``functions.package_transfer``): 0 for a deploy
+        of bytes its caller had uploaded before."""
 
     def __enter__(self) -> Client:
         return self
@@ -188,24 +192,13 @@ class Client:
         """``upload`` for a file of ``size`` bytes whose sha256 is ``digest``: streamed from
         its start in chunks with a known Content-Length, never held whole."""
 
-        def chunks() -> Iterator[bytes]:
-            file.seek(0)
-            while chunk := file.read(CHUNK):
-                yield chunk
-
-        self._upload(digest, size, chunks(), content_type)
+        self._upload(digest, size, file, content_type)
         return digest
 
-    def _upload(
-        self, digest: str, size: int, content: bytes | Iterator[bytes], content_type: str
-    ) -> None:
-        path = f"/v1/packages/{_segment(digest)}"
-        if self._http.head(path).status_code == 200:
-            return
-        headers = {"Content-Type": content_type, "Content-Length": str(size)}
-        resp = self._http.put(path, content=content, headers=headers)
-        if resp.status_code >= 400:
-            self._raise(resp)
+    def _upload(self, digest: str, size: int, content: bytes | BinaryIO, content_type: str) -> None:
+        _segment(digest)  # refuses a digest that would walk to another route
+        sent = send_package(self._http, self._raise, digest, size, content, content_type)
+        self.bytes_uploaded += sent.bytes_sent
 
     def deploy(
         self,

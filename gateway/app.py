@@ -42,7 +42,7 @@ from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
 from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
-from gateway.errors import error_body, http_status
+from gateway.errors import error_body, error_headers, http_status
 from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
 from gateway.openapi import build_openapi
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
@@ -204,11 +204,49 @@ async def put_package(request: Request) -> Response:
         usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
         return Response(status_code=200 if usable else 404)
     is_zip = request.headers.get("content-type", "").startswith("application/zip")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():  # refused before the body is read; checked again on its size
+        await broker.check_storage_quota(principal.caller, int(declared), digest=digest)
     chunks = body_chunks(request, broker.settings.max_body_bytes)
     size, created = await broker.upload_package(digest, chunks, principal.caller, is_zip)
     return JSONResponse(
         {"digest": digest, "size": size, "created": created},
         status_code=201 if created else 200,
+    )
+
+
+UPLOAD_FIELDS = {"size": Field((int,), required=True)}
+COMPLETE_FIELDS = {"ticket": Field((str,), required=True), "etags": Field((list,))}
+
+
+@queries()
+async def authorise_upload(request: Request) -> Response:
+    """How to upload a package of ``size`` bytes (``broker.package_uploads``): not at all,
+    through ``PUT /v1/packages/{sha256}``, or straight to the object store."""
+    broker = _broker(request)
+    principal = _principal(request, Role.DEPLOY)
+    size = decode(await _json_body(request), UPLOAD_FIELDS)["size"]
+    if size < 0:
+        raise InvalidRequest("size must be >= 0", field="size")
+    authorised = await broker.authorise_upload(
+        request.path_params["sha256"], size, principal.caller, principal.is_admin
+    )
+    return JSONResponse(authorised.to_json())
+
+
+@queries()
+async def complete_upload(request: Request) -> Response:
+    """Verify a direct upload and record its caller as an uploader."""
+    broker = _broker(request)
+    principal = _principal(request, Role.DEPLOY)
+    body = decode(await _json_body(request), COMPLETE_FIELDS)
+    etags = body["etags"] or []
+    if not all(isinstance(e, str) for e in etags):
+        raise InvalidRequest("etags must be a list of strings", field="etags")
+    digest = request.path_params["sha256"]
+    size, created = await broker.complete_upload(digest, body["ticket"], etags, principal.caller)
+    return JSONResponse(
+        {"digest": digest, "size": size, "created": created}, status_code=201 if created else 200
     )
 
 
@@ -428,7 +466,7 @@ async def openapi(request: Request) -> Response:
 
 async def firepool_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FirepoolError)
-    return JSONResponse(error_body(exc), status_code=http_status(exc))
+    return JSONResponse(error_body(exc), status_code=http_status(exc), headers=error_headers(exc))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -502,6 +540,8 @@ def create_app(broker: Broker) -> Starlette:
 
     routes = [
         Route("/v1/packages/{sha256}", put_package, methods=["PUT", "HEAD"]),
+        Route("/v1/packages/{sha256}/uploads", authorise_upload, methods=["POST"]),
+        Route("/v1/packages/{sha256}/uploads:complete", complete_upload, methods=["POST"]),
         Route("/v1/blobs/{sha256}", get_blob, methods=["GET"]),
         Route("/v1/functions", function_collection, methods=["GET", "POST"]),
         Route("/v1/functions/{name}/jobs", submit_job, methods=["POST"]),

@@ -288,6 +288,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 single_use=args.single_use,
             )
         )
+        print(f"uploaded {fp.bytes_uploaded} bytes", file=sys.stderr)  # 0: already stored
     return 0
 
 

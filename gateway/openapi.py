@@ -314,7 +314,11 @@ def build_openapi(
                     **_op(
                         "Upload a package zip once (digest checked)",
                         "201",
-                        more={"413": "body too large", "422": "digest or zip rejected"},
+                        more={
+                            "413": "body too large, or over the caller's storage quota "
+                            "(`QuotaExceeded`)",
+                            "422": "digest or zip rejected",
+                        },
                         also_ok={"200": "already stored (`created` is false)"},
                     ),
                     "requestBody": {
@@ -338,6 +342,40 @@ def build_openapi(
                         "404": {"description": "not stored"},
                     },
                 },
+            },
+            "/v1/packages/{sha256}/uploads": {
+                "parameters": [sha],
+                "post": _op(
+                    "Ask to upload a package of `size` bytes: `transfer` is `none` (this "
+                    "caller already uploaded it: 0 bytes to send), `broker` (PUT it to "
+                    "/v1/packages/{sha256}) or `s3` (send `parts` to their presigned URLs, "
+                    "then complete with `ticket`); 503 + Retry-After when the object store "
+                    "is down",
+                    body={
+                        "type": "object",
+                        "required": ["size"],
+                        "properties": {"size": {"type": "integer", "minimum": 0}},
+                    },
+                    more={"413": "over the size cap or the caller's storage quota"},
+                ),
+            },
+            "/v1/packages/{sha256}/uploads:complete": {
+                "parameters": [sha],
+                "post": _op(
+                    "Complete a direct upload: the broker verifies the stored object's "
+                    "SHA-256, then records the caller as an uploader",
+                    "201",
+                    body={
+                        "type": "object",
+                        "required": ["ticket"],
+                        "properties": {
+                            "ticket": {"type": "string"},
+                            "etags": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                    more={"410": "the ticket expired", "422": "the bytes do not check out"},
+                    also_ok={"200": "already stored (`created` is false)"},
+                ),
             },
             "/v1/functions": {
                 "post": _op(

@@ -5,6 +5,13 @@ a blob whose digest matches is renamed to ``cache/blobs/<digest>``, so every fil
 name was verified (the rename is atomic). A later job with the same digest reads the cache and
 fetches nothing. Nothing is extracted or installed from an unverified file.
 
+The URL is the broker's signed ``/v1/blobs`` one or an object store's presigned GET (the s3
+package store); either way the server checks it. Faults are typed and bounded: a refused URL
+(tampered, expired: any 4xx) fails at once with ``PackageFetchFailed``; a server that is down
+or answers 5xx is retried with backoff until the attempt's deadline, each try cut at what is
+left of it, then fails ``PackageFetchFailed`` too; bytes that are not the package (wrong
+digest, too large) are ``PackageRejected``. No fetch outlives its deadline.
+
 Concurrency: one ``BlobCache`` per agent, used from the event loop; the agent runs one attempt
 at a time, so two fetches of the same digest never race (and would be harmless if they did:
 both write distinct temporary files and rename onto the same verified content).
@@ -16,18 +23,21 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import urllib.parse
 from pathlib import Path
 
 import aiohttp
 
-from functions.errors import PackageRejected, Unavailable
+from functions.errors import PackageFetchFailed, PackageRejected
 from pod_runtime.protocol import BlobRef
 
 CHUNK = 1 << 20
 FETCH_TIMEOUT_S = 300.0
+"""Longest one try of a fetch may take (less when the deadline is nearer)."""
 FETCH_RETRY_S = 30.0
-"""How long transport failures are retried before the attempt fails as ``Unavailable``."""
+"""How long a fetch with no deadline of its own (a requirements file) retries a server that
+is down before it fails ``PackageFetchFailed``."""
 KEEP_BLOBS = 16
 
 
@@ -41,6 +51,20 @@ def _sha256_of(path: Path) -> str:
 
 class _Transient(Exception):
     """A fetch failure that may well succeed when tried again."""
+
+
+async def _reason(resp: aiohttp.ClientResponse) -> str:
+    """A refusal's reason, for the attempt's error: the API's error class or S3's error code
+    and message (``: AccessDenied: Request has expired``), else nothing."""
+    try:
+        text = (await resp.content.read(4096)).decode(errors="replace")
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+    found = [re.search(f"<{tag}>([^<]{{1,200}})</{tag}>", text) for tag in ("Code", "Message")]
+    if any(found):
+        return ": " + ": ".join(m.group(1) for m in found if m)
+    match = re.search(r'"class"\s*:\s*"(\w{1,40})"', text)
+    return f": {match.group(1)}" if match else ""
 
 
 class BlobCache:
@@ -72,8 +96,11 @@ class BlobCache:
             return False
         return self._verified.get(digest) == (st.st_ino, st.st_size, st.st_ctime_ns)
 
-    async def get(self, ref: BlobRef) -> tuple[Path, bool]:
-        """Return (verified file, was_cached). Raises ``PackageRejected`` on any failure.
+    async def get(self, ref: BlobRef, deadline_s: float | None = None) -> tuple[Path, bool]:
+        """Return (verified file, was_cached). ``deadline_s``: how long from now the fetch may
+        take, retries included (the attempt's timeout; None: ``FETCH_RETRY_S``). Raises
+        ``PackageFetchFailed`` when the bytes could not be fetched in time or the URL was
+        refused, ``PackageRejected`` when they are not the package.
 
         A cached file is trusted only if it is the very file this agent verified (same
         inode, size and ctime); otherwise (changed, or cached by an earlier agent) it is
@@ -95,7 +122,7 @@ class BlobCache:
             if scheme == "file":
                 digest = await asyncio.to_thread(self._copy_file, ref.url, tmp)
             elif scheme in ("http", "https"):
-                digest = await self._download(ref.url, tmp)
+                digest = await self._download(ref.url, tmp, deadline_s or FETCH_RETRY_S)
             else:
                 raise PackageRejected(f"unsupported package URL scheme {scheme!r}")
             if digest != ref.digest:
@@ -125,35 +152,45 @@ class BlobCache:
             raise PackageRejected(f"cannot read {url}: {exc.strerror}") from exc
         return hasher.hexdigest()
 
-    async def _download(self, url: str, tmp: Path) -> str:
+    async def _download(self, url: str, tmp: Path, within_s: float) -> str:
         """Stream ``url`` to ``tmp``; return its sha256. A transport failure or a 5xx (the
-        package server restarting, say) is retried with backoff for ``FETCH_RETRY_S`` and then
-        reported as ``Unavailable`` (retryable: no user code ran); an answer that can never
-        succeed (4xx, too large) is ``PackageRejected`` at once."""
+        package server restarting, the object store down) is retried with backoff for
+        ``within_s``, each try cut at what is left, then reported as ``PackageFetchFailed``
+        (no user code ran); a refusal (4xx) is ``PackageFetchFailed`` at once, bytes that are
+        too many ``PackageRejected``."""
+        loop = asyncio.get_running_loop()
         delay = 0.05
-        deadline = asyncio.get_running_loop().time() + FETCH_RETRY_S
+        deadline = loop.time() + within_s
+        tries = 0
         while True:
+            tries += 1
+            left = deadline - loop.time()
             try:
-                return await self._download_once(url, tmp)
+                return await self._download_once(url, tmp, min(FETCH_TIMEOUT_S, max(left, 0.01)))
             except _Transient as exc:
-                if asyncio.get_running_loop().time() + delay > deadline:
-                    raise Unavailable(f"fetching the package failed: {exc}") from exc
+                if loop.time() + delay >= deadline:
+                    raise PackageFetchFailed(
+                        f"fetching the package failed {tries} times in {within_s:g} s (the "
+                        f"attempt's deadline); last: {exc}"
+                    ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _download_once(self, url: str, tmp: Path) -> str:
+    async def _download_once(self, url: str, tmp: Path, timeout_s: float) -> str:
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
-            )
+            self._session = aiohttp.ClientSession()
         hasher = hashlib.sha256()
         size = 0
         try:
-            async with self._session.get(url) as resp:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self._session.get(url, timeout=timeout) as resp:
                 if resp.status >= 500:
                     raise _Transient(f"HTTP {resp.status}")
                 if resp.status != 200:
-                    raise PackageRejected(f"fetching the package answered HTTP {resp.status}")
+                    raise PackageFetchFailed(
+                        f"the package server refused the URL: HTTP {resp.status}"
+                        f"{await _reason(resp)}"
+                    )
                 if (resp.content_length or 0) > self.max_bytes:
                     raise PackageRejected(f"package exceeds {self.max_bytes} bytes")
                 with open(tmp, "wb") as out:

@@ -134,7 +134,7 @@ class Runner:
         if any(os.scandir(self.layout.pkg)):  # normally emptied by the last reset
             await finish_in_thread(empty_dir, self.layout.pkg)
         if spec.package is not None:
-            zip_path, _ = await self.blobs.get(spec.package)
+            zip_path, _ = await self.blobs.get(spec.package, deadline_s=spec.timeout_s)
             await finish_in_thread(archive.extract, zip_path, self.layout.pkg, self.settings.limits)
         if spec.requirements is not None:
             install = self.deps.ensure(spec.requirements, attempt.log)

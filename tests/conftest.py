@@ -23,6 +23,7 @@ from functions.sdk import Client
 from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.launch import sandbox_status
+from tests.functions.s3_server import s3_env, s3_server
 from tests.helpers import ThreadedBroker, threaded_broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,8 @@ __all__ = [
     "cancel_with_agent_stopped",
     "deploy_examples",
     "require_sandbox",
+    "s3_env",
+    "s3_server",
     "scratch_database",
 ]
 

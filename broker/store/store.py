@@ -27,7 +27,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy import exc as sa_exc
 
 from broker.jobs import Job
-from broker.store import writes
+from broker.store import storage, writes
 from broker.store.batching import JobBatchExecutor
 from broker.store.codec import function_from_row, function_row, job_from_row, job_mutable_values
 from broker.store.codec import job_row as encode_job
@@ -257,7 +257,7 @@ class JobStore:
         """Hide every version of ``name``; False if there was no live version. Raises
         ``Forbidden`` when it belongs to another owner than ``caller`` (None: an admin)."""
         return await self._writer.run(
-            functools.partial(writes.delete_function, name=name, caller=caller)
+            functools.partial(writes.delete_function, name=name, caller=caller, now=self._clock())
         )
 
     async def put_package(self, digest: str, size: int, uploader: str) -> None:
@@ -276,6 +276,45 @@ class JobStore:
         by = package_uploaders.c
         stmt = select(by.digest).where(by.digest == digest, by.caller == caller)
         return bool(await self._read_rows(stmt))
+
+    # -- storage collection and quotas (``broker.store.storage``) ------------------------
+
+    async def forget_packages(
+        self, digests: Collection[str], now: float, grace_s: float
+    ) -> list[str]:
+        """Of ``digests``, those no function version, active job, recent upload or upload
+        hold keeps at ``now`` (``storage`` says which), their rows deleted in one write; the
+        caller then deletes their bytes. Expired holds go too."""
+        op = functools.partial(storage.forget_packages, digests=digests, now=now, grace_s=grace_s)
+        return await self._writer.run(op)
+
+    async def hold_package(self, digest: str, caller: str, size: int, expires: float) -> None:
+        """Record an upload ``caller`` was authorised to make: until ``expires`` the package
+        is not collected and ``size`` counts against the caller's quota (until it uploads)."""
+        op = functools.partial(
+            storage.hold_package, digest=digest, caller=caller, size=size, expires=expires
+        )
+        await self._writer.run(op)
+
+    async def release_hold(self, digest: str, caller: str) -> None:
+        """Drop ``caller``'s upload hold on ``digest``, if any."""
+        await self._writer.run(
+            functools.partial(storage.release_hold, digest=digest, caller=caller)
+        )
+
+    async def stored_bytes(self, caller: str, now: float) -> int:
+        """Bytes counted against ``caller``'s storage quota at ``now``: every package it
+        uploaded, in full, and its unexpired holds of packages it has not uploaded."""
+        rows = await self._read_rows(storage.stored_bytes_query(caller, now))
+        return int(rows[0]["used"])
+
+    async def retained_jobs(self, job_ids: Collection[str]) -> set[str]:
+        """Those of ``job_ids`` that exist with their output not expired (their logs stay)."""
+        kept: set[str] = set()
+        for chunk in storage.chunks(job_ids):
+            rows = await self._read_rows(storage.retained_jobs_query(chunk))
+            kept.update(row["id"] for row in rows)
+        return kept
 
     # -- reads ----------------------------------------------------------------------------
 

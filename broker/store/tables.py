@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import BigInteger, Boolean, Double, Index, Integer, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Double, Index, Integer, String, Table, Text, text
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -70,10 +70,15 @@ class JobRow(Base):
 
 
 class FunctionRow(Base):
-    """One immutable function version; ``deleted`` hides every version of a name."""
+    """One immutable function version; ``deleted`` hides every version of a name, and
+    ``deleted_at`` says when (migration 0004: a package's grace period starts there)."""
 
     __tablename__ = "functions"
-    __table_args__ = ({"mysql_charset": "utf8mb4"},)
+    __table_args__ = (
+        Index("ix_functions_package_digest", "package_digest"),
+        Index("ix_functions_requirements_digest", "requirements_digest"),
+        {"mysql_charset": "utf8mb4"},
+    )
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -90,6 +95,7 @@ class FunctionRow(Base):
     created: Mapped[float] = mapped_column(Double)
     owner: Mapped[str] = mapped_column(String(255))
     deleted: Mapped[bool] = mapped_column(Boolean, default=False)
+    deleted_at: Mapped[float | None] = mapped_column(Double)
 
 
 class PackageRow(Base):
@@ -101,6 +107,8 @@ class PackageRow(Base):
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
     created: Mapped[float] = mapped_column(Double)
+    last_uploaded: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    """When any caller last uploaded its bytes (migration 0004; the grace period's start)."""
 
 
 class PackageUploaderRow(Base):
@@ -109,14 +117,32 @@ class PackageUploaderRow(Base):
     bytes, not the right to use them: knowing a digest is not having the code."""
 
     __tablename__ = "package_uploaders"
-    __table_args__ = ({"mysql_charset": "utf8mb4"},)
+    __table_args__ = (
+        Index("ix_package_uploaders_caller", "caller"),
+        {"mysql_charset": "utf8mb4"},
+    )
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     caller: Mapped[str] = mapped_column(String(255), primary_key=True)
     created: Mapped[float] = mapped_column(Double)
 
 
+class PackageHoldRow(Base):
+    """An upload a caller was authorised to make and has not finished (a presigned PUT):
+    until ``expires`` its package is not collected, and its ``size`` counts against the
+    caller's storage quota unless the caller is already an uploader of it (migration 0004)."""
+
+    __tablename__ = "package_holds"
+    __table_args__ = ({"mysql_charset": "utf8mb4"},)
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    caller: Mapped[str] = mapped_column(String(255), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    expires: Mapped[float] = mapped_column(Double)
+
+
 jobs = cast(Table, JobRow.__table__)
 functions = cast(Table, FunctionRow.__table__)
 packages = cast(Table, PackageRow.__table__)
 package_uploaders = cast(Table, PackageUploaderRow.__table__)
+package_holds = cast(Table, PackageHoldRow.__table__)

@@ -135,25 +135,37 @@ def put_function(ctx: WriteContext, row: dict[str, Any], caller: str | None = No
     return version
 
 
-def delete_function(ctx: WriteContext, name: str, caller: str | None = None) -> bool:
-    """Hide every version of ``name``; True if some version was live. ``caller`` as for
-    ``put_function``."""
+def delete_function(
+    ctx: WriteContext, name: str, caller: str | None = None, now: float = 0.0
+) -> bool:
+    """Hide every version of ``name`` as of ``now`` (``deleted_at``: when its packages' grace
+    period starts); True if some version was live. ``caller`` as for ``put_function``."""
     _check_owner(ctx, name, caller)
     result = ctx.conn.execute(
         update(functions)
         .where(functions.c.name == name, functions.c.deleted.is_(False))
-        .values(deleted=True)
+        .values(deleted=True, deleted_at=now)
     )
     return result.rowcount > 0
 
 
 def put_package(ctx: WriteContext, digest: str, size: int, created: float, uploader: str) -> None:
     """Record a package once, and ``uploader`` once among its uploaders; what is already
-    known is left as it is. (One writer thread applies writes in order, so the read and the
-    insert cannot race another upload of the same digest.)"""
+    known is left as it is, but for the package's ``last_uploaded``, which moves to
+    ``created`` (a package's grace period starts again at each upload). (One writer thread
+    applies writes in order, so the read and the insert cannot race another upload of the
+    same digest.)"""
     known = ctx.conn.execute(select(packages.c.digest).where(packages.c.digest == digest)).first()
     if known is None:
-        ctx.conn.execute(insert(packages).values(digest=digest, size=size, created=created))
+        ctx.conn.execute(
+            insert(packages).values(
+                digest=digest, size=size, created=created, last_uploaded=created
+            )
+        )
+    else:
+        ctx.conn.execute(
+            update(packages).where(packages.c.digest == digest).values(last_uploaded=created)
+        )
     by = package_uploaders.c
     if ctx.conn.execute(
         select(by.digest).where(by.digest == digest, by.caller == uploader)

@@ -2,8 +2,10 @@
 
 ``store`` is each store as ``open_package_store`` builds it; ``served`` is each store as the
 broker builds it from ``Settings.package_store``, with a client that fetches its URLs where
-pods would (the broker's ``/v1/blobs`` route, in process). A store added to
-``PACKAGE_STORES`` runs here too; one whose URLs point elsewhere (S3) brings its own client.
+pods would: the broker's ``/v1/blobs`` route, in process, for the local and memory stores;
+the object store itself (a real SeaweedFS, ``tests/functions/s3_server.py``) for ``s3``,
+whose URL tests are its own (S3 answers refusals in its XML, not the API's JSON). A store
+added to ``PACKAGE_STORES`` runs here too.
 """
 
 from __future__ import annotations
@@ -24,18 +26,20 @@ import pytest
 
 from broker.service import Broker
 from broker.settings import Settings
-from functions.errors import InvalidRequest, NotFound, PackageRejected
+from functions.errors import Forbidden, InvalidRequest, NotFound, PackageRejected
 from functions.stores import (
     PACKAGE_STORES,
     LocalPackageStore,
     MemoryPackageStore,
     PackageStore,
+    S3PackageStore,
     UrlSigner,
     open_package_store,
 )
 from functions.stores.base import Check
 from gateway.app import create_app
 from gateway.auth import Authenticator, Role
+from tests.functions.s3_server import S3Server
 
 BASE = "http://broker.test"
 TTL_S = 60
@@ -62,9 +66,13 @@ def read(store: PackageStore, digest: str) -> bytes:
 
 @pytest.fixture(params=PACKAGE_STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> PackageStore:
+    s3 = None
+    if request.param == "s3":
+        server: S3Server = request.getfixturevalue("s3_env")
+        s3 = server.config(url_ttl_s=TTL_S)
     return open_package_store(
         request.param, root=tmp_path / "packages", signer=UrlSigner(b"k" * 32), base_url=BASE,
-        ttl_s=TTL_S,
+        ttl_s=TTL_S, s3=s3,
     )  # fmt: skip
 
 
@@ -230,24 +238,41 @@ class Served:
 
     broker: Broker
     client: httpx.AsyncClient
+    """The broker's API, in process."""
+    fetcher: httpx.AsyncClient
+    """What a pod fetches its URLs with: the API's client, or a real one for S3's."""
 
     @property
     def store(self) -> PackageStore:
         return self.broker.packages
 
 
-@pytest.fixture(params=PACKAGE_STORES)
-async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+def served_settings(tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> Settings:
     catalog = tmp_path / "catalog.yaml"  # no pod kept warm: none is started
     catalog.write_text("pools:\n  cpu: {min_count: 0, max_count: 1}\n")
-    settings = Settings(
-        home=tmp_path / "home", public_url=BASE, package_store=request.param,
-        package_url_ttl_s=TTL_S, catalog_path=catalog,
+    s3: dict[str, object] = {}
+    if kind == "s3":
+        config = request.getfixturevalue("s3_env").config()
+        s3 = {"s3_bucket": config.bucket, "s3_endpoint_url": config.endpoint_url,
+              "s3_path_style": True, "s3_url_ttl_s": TTL_S}  # fmt: skip
+    return Settings(
+        home=tmp_path / "home", public_url=BASE, package_store=kind,
+        package_url_ttl_s=TTL_S, catalog_path=catalog, **s3,  # type: ignore[arg-type]
     )  # fmt: skip
-    broker = Broker(settings)
+
+
+async def _served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Served]:
+    broker = Broker(served_settings(tmp_path, request.param, request))
     transport = httpx.ASGITransport(app=create_app(broker))
-    async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-        yield Served(broker, client)
+    async with (
+        httpx.AsyncClient(transport=transport, base_url=BASE) as client,
+        httpx.AsyncClient() as direct,
+    ):
+        yield Served(broker, client, direct if request.param == "s3" else client)
+
+
+served = pytest.fixture(params=PACKAGE_STORES)(_served)
+broker_served = pytest.fixture(params=[k for k in PACKAGE_STORES if k != "s3"])(_served)
 
 
 def _with_query(url: str, **changes: str) -> str:
@@ -257,15 +282,23 @@ def _with_query(url: str, **changes: str) -> str:
 
 
 def test_the_broker_builds_the_store_its_settings_name(tmp_path: Path) -> None:
-    kinds = {"local": LocalPackageStore, "memory": MemoryPackageStore}
+    kinds = {"local": LocalPackageStore, "memory": MemoryPackageStore, "s3": S3PackageStore}
     assert set(kinds) == set(PACKAGE_STORES)
     for name, kind in kinds.items():
-        broker = Broker(Settings(home=tmp_path / name, package_store=name))
+        bucket = "b" if name == "s3" else None
+        broker = Broker(Settings(home=tmp_path / name, package_store=name, s3_bucket=bucket))
         assert isinstance(broker.packages, kind)
     assert Settings().package_store == "local"
 
 
-async def test_a_url_serves_the_package_until_it_expires(served: Served) -> None:
+def test_the_s3_store_without_a_bucket_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="FIREPOOL_S3_BUCKET") as refused:
+        Broker(Settings(home=tmp_path, package_store="s3"))
+    assert refused.value.field == "FIREPOOL_S3_BUCKET"
+
+
+async def test_a_url_serves_the_package_until_it_expires(broker_served: Served) -> None:
+    served = broker_served
     put(served.store, DATA)
     fresh = await served.client.get(served.store.url(DIGEST))
     assert fresh.status_code == 200, fresh.text
@@ -275,7 +308,8 @@ async def test_a_url_serves_the_package_until_it_expires(served: Served) -> None
     assert stale.json()["error"]["class"] == "Expired", stale.text
 
 
-async def test_a_tampered_url_is_refused(served: Served) -> None:
+async def test_a_tampered_url_is_refused(broker_served: Served) -> None:
+    served = broker_served
     put(served.store, DATA)
     other = hashlib.sha256(b"other").hexdigest()
     put(served.store, b"other")
@@ -294,10 +328,10 @@ async def test_a_tampered_url_is_refused(served: Served) -> None:
 
 async def test_a_url_of_a_package_not_stored_is_not_found(served: Served) -> None:
     url = served.store.url(DIGEST)
-    assert (await served.client.get(url)).status_code == 404
+    assert (await served.fetcher.get(url)).status_code == 404
     put(served.store, DATA)
     served.store.delete(DIGEST)
-    assert (await served.client.get(url)).status_code == 404
+    assert (await served.fetcher.get(url)).status_code == 404
 
 
 def _zip() -> bytes:
@@ -330,7 +364,7 @@ async def test_a_package_uploaded_over_http_registers_and_is_served(served: Serv
             "/v1/functions", headers=auth,
             json={"name": "f", "sku": "cpu", "package_digest": digest, "entrypoint": "main:f"},
         )  # fmt: skip
-        fetched = await served.client.get(broker.packages.url(digest))
+        fetched = await served.fetcher.get(broker.packages.url(digest))
     finally:
         await broker.stop()
     assert (uploaded.status_code, uploaded.json()["created"]) == (201, True), uploaded.text
@@ -338,3 +372,47 @@ async def test_a_package_uploaded_over_http_registers_and_is_served(served: Serv
     assert head.status_code == 200
     assert registered.status_code == 201, registered.text
     assert fetched.content == data
+
+
+# -- S3's presigned URLs, fetched from the object store ----------------------------------------
+@pytest.fixture
+def s3_store(s3_env: S3Server) -> S3PackageStore:
+    return S3PackageStore(s3_env.config(url_ttl_s=2))
+
+
+async def test_a_presigned_url_serves_the_package_until_it_expires(
+    s3_store: S3PackageStore,
+) -> None:
+    put(s3_store, DATA)
+    url = s3_store.url(DIGEST)
+    async with httpx.AsyncClient() as client:
+        fresh = await client.get(url)
+        assert (fresh.status_code, fresh.content) == (200, DATA)
+        time.sleep(3.1)  # past the 2 s the URL was signed for (S3 counts whole seconds)
+        stale = await client.get(url)
+    assert stale.status_code == 403 and b"expired" in stale.content.lower(), stale.text
+
+
+async def test_a_tampered_presigned_url_is_refused_by_the_object_store(
+    s3_store: S3PackageStore,
+) -> None:
+    put(s3_store, DATA)
+    other = hashlib.sha256(b"other").hexdigest()
+    put(s3_store, b"other")
+    url = s3_store.url(DIGEST)
+    sig = dict(parse_qsl(urlsplit(url).query))["X-Amz-Signature"]
+    tampered = [
+        _with_query(url, **{"X-Amz-Signature": sig[:-1] + ("0" if sig[-1] != "0" else "1")}),
+        _with_query(url, **{"X-Amz-Expires": "604800"}),
+        url.replace(DIGEST, other),
+    ]
+    async with httpx.AsyncClient() as client:
+        for bad in tampered:
+            refused = await client.get(bad)
+            assert refused.status_code == 403, (bad, refused.text)
+
+
+def test_the_broker_serves_no_url_of_the_s3_store(s3_store: S3PackageStore) -> None:
+    put(s3_store, DATA)
+    with pytest.raises(Forbidden):
+        s3_store.check_url(DIGEST, int(time.time()) + 60, "0" * 64, time.time())

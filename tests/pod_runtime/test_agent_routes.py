@@ -270,7 +270,8 @@ def test_packages_are_fetched_over_http(agent: AgentProcess, tmp_path: Path) -> 
         assert agent.run(spec("http-1:1", pkg, "web:f"))["output"] == "web"
         missing = {"url": f"http://127.0.0.1:{port}/nope.zip", "digest": digest[::-1]}
         result = agent.run(spec("http-2:1", missing, "web:f"))
-        assert result["error"]["class"] == "PackageRejected"
+        assert result["error"]["class"] == "PackageFetchFailed"  # a 404: refused at once
+        assert "HTTP 404" in result["error"]["message"]
     finally:
         server.shutdown()
         server.server_close()

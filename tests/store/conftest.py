@@ -32,7 +32,7 @@ def _emptied(url: str) -> str:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as conn:
-            for table in ("jobs", "functions", "packages"):
+            for table in ("jobs", "functions", "packages", "package_uploaders", "package_holds"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
     finally:
         engine.dispose()
