@@ -416,7 +416,7 @@ def cmd_functions(args: argparse.Namespace) -> int:
         if args.delete:
             _print(fp.delete_function(args.name))
         else:
-            _print(fp.function(args.name) if args.name else fp.functions())
+            _print(fp.describe_function(args.name) if args.name else fp.functions())
     return 0
 
 

@@ -1,6 +1,9 @@
-"""The one place that maps typed errors to HTTP status codes and JSON error bodies."""
+"""The one place that maps typed errors to HTTP status codes, JSON error bodies and the
+headers that go with them (``Retry-After`` on every refusal for capacity or quota)."""
 
 from __future__ import annotations
+
+import math
 
 from functions.errors import ErrorClass, FirepoolError
 
@@ -18,6 +21,11 @@ STATUS: dict[ErrorClass, int] = {
     ErrorClass.TOO_LARGE: 413,
     ErrorClass.UNAVAILABLE: 503,
 }
+RETRY_AFTER_S = 1.0
+"""What ``Retry-After`` says when the error names no delay of its own: a broker that is not
+taking jobs (starting, stopping) or whose job store failed is back, or not, within seconds."""
+RETRIED_STATUS = frozenset({429, 503})
+"""Refusals for capacity or quota: a client may send the same request again later."""
 
 
 def http_status(error: FirepoolError) -> int:
@@ -26,3 +34,16 @@ def http_status(error: FirepoolError) -> int:
 
 def error_body(error: FirepoolError) -> dict[str, object]:
     return {"error": error.to_json()}
+
+
+def error_headers(error: FirepoolError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) for a refusal a client may send again
+    (``RETRIED_STATUS``): the error's own ``retry_after_s`` or ``RETRY_AFTER_S``."""
+    if http_status(error) not in RETRIED_STATUS:
+        return {}
+    return {"Retry-After": retry_after(error.retry_after_s)}
+
+
+def retry_after(seconds: float | None) -> str:
+    """A ``Retry-After`` value: ``seconds`` (``RETRY_AFTER_S`` if None) rounded up."""
+    return str(max(1, math.ceil(RETRY_AFTER_S if seconds is None else seconds)))
