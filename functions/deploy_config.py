@@ -159,7 +159,7 @@ def _check(path: Path, data: dict[str, Any], keys: dict[str, tuple[type, ...]], 
     for key, value in data.items():
         if key not in keys:
             raise UnknownField(
-                f"{path}: unknown key {at}{key!r} (known: {', '.join(keys)})", field=f"{at}{key}"
+                f"{path}: unknown key {at + key!r} (known: {', '.join(keys)})", field=f"{at}{key}"
             )
         types = keys[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):

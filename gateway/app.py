@@ -38,6 +38,7 @@ from functions.errors import (
     UnknownField,
 )
 from functions.nesting import MAX_NESTING, nests_deeper
+from functions.resources import Resources
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
 from gateway.decoding import Field, decode, string_map
@@ -85,7 +86,8 @@ def check_invoke(body: dict[str, Any], raw: bytes) -> None:
 
 FUNCTION_FIELDS = {
     "name": Field((str,), required=True),
-    "sku": Field((str,), required=True),
+    "sku": Field((str,)),
+    "resources": Field((dict,)),
     "package_digest": Field((str,), required=True),
     "entrypoint": Field((str,)),
     "command": Field((list,)),
@@ -245,9 +247,13 @@ async def create_function(request: Request) -> Response:
     command = body["command"]
     if command is not None and not all(isinstance(c, str) for c in command):
         raise InvalidRequest("command must be a list of strings", field="command")
+    if (body["sku"] is None) == (body["resources"] is None):
+        raise InvalidRequest("give exactly one of sku (a pool) and resources", field="sku")
+    resources = body["resources"]
     spec = FunctionSpec(
         name=body["name"],
-        sku=body["sku"],
+        sku=body["sku"] or "",
+        resources=Resources.from_json(resources) if resources is not None else None,
         package_digest=body["package_digest"],
         entrypoint=body["entrypoint"],
         command=tuple(command) if command is not None else None,
