@@ -58,6 +58,7 @@ INVOKE_FIELDS = {
     "queue": Field((str,), default="default"),
     "priority": Field((int,), default=0),
     "timeout_s": Field((float,)),
+    "single_use": Field((bool,), default=False),
 }
 MAX_TEXT = 255
 """Longest ``lease_tag``, ``queue`` and Idempotency-Key (the job store's String(255))."""

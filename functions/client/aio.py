@@ -217,12 +217,13 @@ class AsyncFunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
         """The output of the function on ``input``, or the job's typed error."""
         record = await self.invoke_record(
             input, tag=tag, queue=queue, priority=priority, timeout_s=timeout_s,
-            idempotency_key=idempotency_key,
+            single_use=single_use, idempotency_key=idempotency_key,
         )  # fmt: skip
         return job_output(record)
 
@@ -234,10 +235,11 @@ class AsyncFunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """``invoke``'s job record instead of its output."""
-        content = job_request(input, tag, queue, priority, timeout_s)
+        content = job_request(input, tag, queue, priority, timeout_s, single_use)
         answer = await self._post(self._invoke_path, idempotency_key, content)
         if answer["state"] not in TERMINAL:  # 202: still running past the gateway's wait
             return await AsyncJob(self._client, str(answer["job_id"])).record_when_done()
@@ -251,10 +253,11 @@ class AsyncFunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncJob:
         """Queue a call and return its ``AsyncJob`` at once."""
-        content = job_request(input, tag, queue, priority, timeout_s)
+        content = job_request(input, tag, queue, priority, timeout_s, single_use)
         answer = await self._post(self._submit_path, idempotency_key, content)
         return AsyncJob(self._client, str(answer["job_id"]))
 

@@ -82,15 +82,17 @@ class FunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> Any:
         """Run the function on ``input`` and return its output, or raise the job's typed
         error (``FunctionError``, ``JobTimeout``, ``PodLost``...). ``tag``: the lease tag (a
-        session's calls reuse its warm pod). ``idempotency_key``: a key of your own (one is
-        made per call otherwise)."""
+        session's calls reuse its warm pod). ``single_use``: run on a fresh pod of its own,
+        retired after it. ``idempotency_key``: a key of your own (one is made per call
+        otherwise)."""
         record = self.invoke_record(
             input, tag=tag, queue=queue, priority=priority, timeout_s=timeout_s,
-            idempotency_key=idempotency_key,
+            single_use=single_use, idempotency_key=idempotency_key,
         )  # fmt: skip
         return job_output(record)
 
@@ -102,10 +104,12 @@ class FunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """``invoke``'s job record instead of its output (acquisition path, timings)."""
-        fields = {"lease_tag": tag, "queue": queue, "priority": priority, "timeout_s": timeout_s}
+        fields = {"lease_tag": tag, "queue": queue, "priority": priority,
+                  "timeout_s": timeout_s, "single_use": single_use}  # fmt: skip
         answer = self._post_invoke(input, idempotency_key, fields)
         if answer["state"] not in TERMINAL:  # 202: still running past the gateway's wait
             return Job(self._client, str(answer["job_id"])).record_when_done()
@@ -127,10 +131,12 @@ class FunctionHandle:
         queue: str | None = None,
         priority: int | None = None,
         timeout_s: float | None = None,
+        single_use: bool | None = None,
         idempotency_key: str | None = None,
     ) -> Job:
         """Queue a call and return its ``Job`` at once."""
-        fields = {"lease_tag": tag, "queue": queue, "priority": priority, "timeout_s": timeout_s}
+        fields = {"lease_tag": tag, "queue": queue, "priority": priority,
+                  "timeout_s": timeout_s, "single_use": single_use}  # fmt: skip
         answer = self._post(self._submit_path, input, idempotency_key, fields)
         return Job(self._client, str(answer["job_id"]))
 

@@ -144,3 +144,17 @@ async def test_a_refusal_that_outlasts_the_deadline_raises_pool_exhausted(
     finally:
         gateway.broker.accepting = True
     assert refused.value.status == 503 and refused.value.retry_after_s == 1.0
+
+
+def test_a_call_may_ask_for_a_fresh_pod_of_its_own(gateway: ThreadedBroker) -> None:
+    with gateway.client("fresh") as fp:
+        double = fp.function("double")
+        warm = double.invoke_record(1, tag="s")
+        fresh = double.invoke_record(2, tag="s", single_use=True)
+        after = double.invoke_record(3, tag="s")
+    pod = {name: job["attempts"][0]["pods"][0] for name, job in
+           (("warm", warm), ("fresh", fresh), ("after", after))}  # fmt: skip
+    assert fresh["acquisition"]["path"] == "single_use" and fresh["single_use"] is True
+    assert pod["fresh"] != pod["warm"], "not the session's warm pod"
+    assert pod["after"] != pod["fresh"], "the fresh pod retired after its job"
+    assert "single_use" not in after
