@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from functions.client.errors import UnexpectedAnswer, api_error, job_output
+from functions.client.errors import JobNotFinished, UnexpectedAnswer, api_error, job_output
 from functions.client.retrying import RetryPolicy, arun
 from functions.client.wire import TERMINAL, check_key, job_request, new_key, segment
 from functions.errors import InvalidRequest
@@ -150,8 +150,6 @@ class AsyncJob:
 
     async def record_when_done(self, timeout: float | None = None) -> dict[str, Any]:
         """The record once the job has ended (``JobNotFinished`` after ``timeout`` s)."""
-        from functions.client.errors import JobNotFinished
-
         deadline = None if timeout is None else time.monotonic() + timeout
         poll_s = 0.02
         while True:

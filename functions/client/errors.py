@@ -45,8 +45,9 @@ class ApiError(ClientError):
 
 
 class PoolExhausted(ApiError):
-    """A refusal for capacity or quota (429 ``QuotaExceeded``, 503 ``Unavailable``) that
-    outlasted the client's retry deadline."""
+    """A refusal for capacity or quota (429 ``QuotaExceeded``, 503 ``Unavailable``): a
+    handle's call raises it once its retry deadline is spent, a lower-level method (which
+    sends once) at the first refusal."""
 
 
 class UnexpectedAnswer(ApiError):
