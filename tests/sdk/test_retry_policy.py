@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ def _error(error_class: str) -> bytes:
     return b'{"error": {"class": "%s", "message": "m"}}' % error_class.encode()
 
 
-def _flaky(errors: list[BaseException]) -> tuple[list[float], object]:
+def _flaky(errors: list[BaseException]) -> tuple[list[float], Callable[[], str]]:
     """A call that raises ``errors`` in turn, then answers ``"ok"``; its try times."""
     tries: list[float] = []
 
@@ -34,7 +35,7 @@ def _flaky(errors: list[BaseException]) -> tuple[list[float], object]:
 def test_a_capacity_refusal_is_sent_again_after_its_retry_after() -> None:
     busy = PoolExhausted(503, "Unavailable", "busy", retry_after_s=0.3)
     tries, call = _flaky([busy, httpx.ConnectError("refused")])
-    assert run(RetryPolicy(deadline_s=10).retrying(TRANSPORT), call) == "ok"  # type: ignore[arg-type]
+    assert run(RetryPolicy(deadline_s=10).retrying(TRANSPORT), call) == "ok"
     assert len(tries) == 3
     assert tries[1] - tries[0] >= 0.3, "it waited what Retry-After said"
 
@@ -50,7 +51,7 @@ def test_a_capacity_refusal_is_sent_again_after_its_retry_after() -> None:
 def test_any_other_answer_is_raised_at_once(refusal: ApiError) -> None:
     tries, call = _flaky([refusal])
     with pytest.raises(type(refusal)):
-        run(RetryPolicy().retrying(TRANSPORT), call)  # type: ignore[arg-type]
+        run(RetryPolicy().retrying(TRANSPORT), call)
     assert len(tries) == 1
 
 
@@ -59,11 +60,11 @@ def test_it_gives_up_when_the_next_wait_would_pass_the_deadline() -> None:
     tries, call = _flaky([busy] * 5)
     started = time.monotonic()
     with pytest.raises(PoolExhausted):
-        run(RetryPolicy(deadline_s=5).retrying(TRANSPORT), call)  # type: ignore[arg-type]
+        run(RetryPolicy(deadline_s=5).retrying(TRANSPORT), call)
     assert len(tries) == 1 and time.monotonic() - started < 1, "no 30 s wait past 5 s"
     tries, call = _flaky([httpx.ConnectError("refused")])
     with pytest.raises(httpx.ConnectError):
-        run(NO_RETRY.retrying(TRANSPORT), call)  # type: ignore[arg-type]
+        run(NO_RETRY.retrying(TRANSPORT), call)
 
 
 async def test_the_async_policy_retries_the_same_way() -> None:
