@@ -76,7 +76,6 @@ class AsyncClient:
                 headers={"Authorization": self._auth},
                 timeout=self._timeout,
                 connector=aiohttp.TCPConnector(limit=self._connections),
-                json_serialize=lambda v: orjson.dumps(v).decode(),
             )
         return self._session
 
@@ -270,8 +269,9 @@ class AsyncFunctionHandle:
         timeout_s: float | None = None,
     ) -> AsyncIterator[Any]:
         """``invoke`` on each input, at most ``concurrency`` at once, yielding outputs in
-        input order. A failed call raises its error at its place and cancels the calls
-        still running; ``return_exceptions``: yield the error instead and go on."""
+        input order. A failed call raises its error at its place and stops the other
+        calls' waits (their jobs, once submitted, still run); ``return_exceptions``: yield
+        the error instead and go on."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         slots = asyncio.Semaphore(concurrency)
