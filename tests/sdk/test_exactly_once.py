@@ -56,7 +56,7 @@ def test_a_map_through_three_broker_kills_runs_every_input_exactly_once(tmp_path
             except BaseException as exc:
                 failure.append(exc)
 
-        caller = threading.Thread(target=run)
+        caller = threading.Thread(target=run, daemon=True)  # a failed test does not hang on it
         caller.start()
         for mark in KILL_AT:
             deadline = time.monotonic() + 120
