@@ -4,7 +4,7 @@
     with Client("http://127.0.0.1:8080", token) as fp:
         fp.deploy("examples/functions/verifier")   # its firepool.toml says the rest
         verify = fp.function("verify")
-        ok = verify.invoke({"code": "...", "tests": "..."}, tag="episode-1")
+        verdict = verify.invoke({"solution": "...", "tests": "..."}, tag="episode-1")
         for verdict in verify.map(candidates, concurrency=16):
             ...
 
