@@ -228,7 +228,7 @@ class Dispatcher:
             lease_tag=job.lease_tag,
             queue=job.queue,
             pods=job.pods_needed,
-            single_use=spec.single_use if spec is not None else False,
+            single_use=job.single_use or (spec is not None and spec.single_use),
             queued_at=job.submitted,
             priority=job.priority,
         )

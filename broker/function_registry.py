@@ -13,6 +13,7 @@ from the cache afterwards. Event-loop only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 
@@ -94,9 +95,13 @@ class FunctionRegistry:
 
     async def register(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
         """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
-        the field for a spec no job of it could ever run: an unknown pool, a gang larger
+        the field for a spec no job of it could ever run: an unknown pool or resources no
+        pool fits (naming the largest pool), a gang larger
         than the pool's ceiling or its accelerator's budget, a package not uploaded; and
         ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
+        if spec.resources is not None:  # the smallest pool that fits (paper §4)
+            chosen = self._catalog.smallest_fit(spec.resources)
+            spec = dataclasses.replace(spec, sku=chosen.sku, resources=None)
         spec.validate()
         check_function_env(spec.env)
         pool = self._catalog.pool(spec.sku)

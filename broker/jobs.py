@@ -90,6 +90,8 @@ class Job:
     request_hash: str | None = None
     output_expired: bool = False
     """The result-retention period passed: the output (and logs) are gone."""
+    single_use: bool = False
+    """Run on a fresh pod, retired after the job: the call asked, or its version does."""
     output_omitted: bool = False
     """In a listing only: the output is left out to keep the listing's size bounded
     (``JobStore.list_jobs``); the job's own record has it."""
@@ -145,6 +147,8 @@ class Job:
             body["exit_code"] = self.exit_code
         if self.output_omitted:
             body["output_omitted"] = True
+        if self.single_use:
+            body["single_use"] = True
         return body
 
 

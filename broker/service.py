@@ -481,6 +481,7 @@ class Broker:
             submitted=self.clock(),
             idempotency_key=idempotency_key,
             request_hash=request_hash,
+            single_use=body.get("single_use", False) or spec.single_use,
         )
         stored, created = await self.jobs.submit(job)
         if created:

@@ -42,10 +42,14 @@ class FirepoolError(Exception):
 
     error_class: ErrorClass = ErrorClass.INTERNAL
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.retry_after_s = retry_after_s
+        """For a refusal a caller may send again (quota, capacity): when to, if known."""
 
     def to_json(self) -> dict[str, str]:
         body = {"class": str(self.error_class), "message": self.message}

@@ -44,7 +44,13 @@ class Sent:
     """Whether the bytes were new to the store (False also when nothing was sent)."""
 
 
-def _chunks(file: BinaryIO, offset: int, size: int) -> Iterator[bytes]:
+Progress = Callable[[int], None]
+"""Told the bytes of each chunk once it is handed to the connection (a progress bar)."""
+
+
+def _chunks(
+    file: BinaryIO, offset: int, size: int, progress: Progress | None = None
+) -> Iterator[bytes]:
     """``size`` bytes of ``file`` from ``offset``, a chunk at a time."""
     file.seek(offset)
     left = size
@@ -54,6 +60,8 @@ def _chunks(file: BinaryIO, offset: int, size: int) -> Iterator[bytes]:
             raise PackageRejected(f"the package file ended {left} bytes early")
         left -= len(chunk)
         yield chunk
+        if progress is not None:
+            progress(len(chunk))
 
 
 def send_package(
@@ -63,12 +71,13 @@ def send_package(
     size: int,
     source: bytes | BinaryIO,
     content_type: str = "application/zip",
+    progress: Progress | None = None,
 ) -> Sent:
     """Upload ``size`` bytes hashing to ``digest`` from ``source`` as the broker directs
     (``http``: a client of the broker, with the caller's token). A broker's refusal raises
     through ``refuse``; an object store that cannot be reached or answers 5xx or 403 raises
     ``StoreUnavailable``, one that refuses the bytes (they do not hash to ``digest``)
-    ``PackageRejected``."""
+    ``PackageRejected``. ``progress`` is told each chunk sent."""
     path = f"/v1/packages/{urllib.parse.quote(digest, safe='')}"
     answer = _call(http, refuse, "POST", f"{path}/uploads", "transfer", json={"size": size})
     transfer = str(answer["transfer"])
@@ -77,14 +86,14 @@ def send_package(
     file = io.BytesIO(source) if isinstance(source, bytes) else source
     if transfer == "broker":
         headers = {"Content-Type": content_type, "Content-Length": str(size)}
-        content = _chunks(file, 0, size)
+        content = _chunks(file, 0, size, progress)
         stored = _call(http, refuse, "PUT", path, "created", content=content, headers=headers)
         return Sent(digest, size, size, transfer, bool(stored["created"]))
     if transfer != "s3":
         raise StoreUnavailable(f"the broker answered an unknown transfer {transfer!r}")
     parts = answer["parts"]
     with httpx.Client(timeout=http.timeout) as direct:  # no bearer token: never to the store
-        etags = [_put_part(direct, file, part) for part in parts]
+        etags = [_put_part(direct, file, part, progress) for part in parts]
     body = {"ticket": answer["ticket"], "etags": etags if len(parts) > 1 else []}
     stored = _call(http, refuse, "POST", f"{path}/uploads:complete", "created", json=body)
     return Sent(digest, size, size, transfer, bool(stored["created"]))
@@ -105,13 +114,15 @@ def _call(
     return body
 
 
-def _put_part(direct: httpx.Client, file: BinaryIO, part: dict[str, Any]) -> str:
+def _put_part(
+    direct: httpx.Client, file: BinaryIO, part: dict[str, Any], progress: Progress | None
+) -> str:
     """PUT one part to its presigned URL; its ETag."""
     size = int(part["size"])
     headers = {**part.get("headers", {}), "Content-Length": str(size)}
     try:
         resp = direct.put(
-            part["url"], content=_chunks(file, int(part["offset"]), size), headers=headers
+            part["url"], content=_chunks(file, int(part["offset"]), size, progress), headers=headers
         )
     except httpx.TransportError as exc:
         raise StoreUnavailable(f"the object store is unreachable: {exc!r}") from exc

@@ -2,7 +2,10 @@
 
 Entries are sorted by their POSIX path, every timestamp is 1980-01-01 00:00, modes are 0644
 (0755 when the owner-execute bit is set), and caches (``__pycache__``, ``*.pyc``, VCS folders)
-are left out. Symlinks are refused: a package is plain files only.
+are left out, and so is what the root's ``.firepoolignore`` names (gitignore patterns,
+``pathspec``) and the deploy's own files there (``firepool.toml``, ``.firepoolignore``: a
+change of deploy settings is not a change of code). Symlinks are refused: a package is plain
+files only.
 
 Files are streamed into the archive, never read whole. ``package_file`` writes the archive to
 an anonymous temporary file (under ``TMPDIR``), so a deploy holds one chunk of it in memory at
@@ -22,10 +25,12 @@ import os
 import stat
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+import pathspec
 
 from functions.errors import PackageRejected
 
@@ -43,17 +48,39 @@ MAX_NAME_BYTES = 1024
 MAX_DEPTH = 64
 """Components in one file's path below the root (the pod's depth cap)."""
 CHUNK = 1 << 20
+IGNORE_FILE = ".firepoolignore"
+DEPLOY_FILES = frozenset({"firepool.toml", IGNORE_FILE})
+"""Files at a package's root that configure its deploy and are never packaged."""
+Advance = Callable[[int], None]
+"""A progress callback: ``advance(n)`` after ``n`` more bytes were packed or sent."""
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def ignore_spec(root: Path) -> pathspec.PathSpec | None:
+    """The patterns of ``root/.firepoolignore`` (gitignore's syntax), or None without one."""
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(path.read_text(encoding="utf-8").splitlines())
+
+
 def _walk(root: Path) -> Iterator[Path]:
+    ignored = ignore_spec(root)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        here = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if here == "." else f"{here}/"
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS and not (ignored and ignored.match_file(f"{prefix}{d}/"))
+        )
         for name in filenames:
-            if not name.endswith(SKIP_SUFFIXES):
+            if name.endswith(SKIP_SUFFIXES) or (not prefix and name in DEPLOY_FILES):
+                continue
+            if ignored is None or not ignored.match_file(f"{prefix}{name}"):
                 yield Path(dirpath) / name
 
 
@@ -102,9 +129,10 @@ def _too_big(size: int) -> PackageRejected:
     return PackageRejected(f"package is at least {size} bytes; the cap is {MAX_PACKAGE_BYTES}")
 
 
-def write_package(root: Path, dst: BinaryIO) -> int:
+def write_package(root: Path, dst: BinaryIO, progress: Advance | None = None) -> int:
     """Zip the files below ``root`` deterministically into ``dst`` (seekable, empty, at
-    offset 0) and return the archive's size.
+    offset 0) and return the archive's size. ``progress(n)``: after each chunk of ``n``
+    bytes of the files was packed.
 
     Raises ``PackageRejected`` for a link or special file, a name that is not UTF-8, more than
     ``MAX_FILES`` files or ``MAX_UNPACKED_BYTES`` bytes (both before any file is read), or a zip
@@ -124,6 +152,8 @@ def write_package(root: Path, dst: BinaryIO) -> int:
             with path.open("rb") as src, zf.open(info, "w") as out:
                 while chunk := src.read(CHUNK):
                     out.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
                     if dst.tell() > MAX_PACKAGE_BYTES:
                         raise _too_big(dst.tell())
     size = dst.tell()
@@ -164,7 +194,7 @@ class PackageFile:
 
 
 @contextlib.contextmanager
-def package_file(root: Path) -> Iterator[PackageFile]:
+def package_file(root: Path, progress: Advance | None = None) -> Iterator[PackageFile]:
     """Build the package for ``root`` into an anonymous temporary file and yield it with its
     digest and size; memory holds one chunk at a time, whatever the package's size.
 
@@ -173,7 +203,7 @@ def package_file(root: Path) -> Iterator[PackageFile]:
     cache). Same bytes and digest as ``build_package``; same refusals as ``write_package``.
     """
     with tempfile.TemporaryFile(prefix="firepool-package-") as f:
-        size = write_package(root, f)
+        size = write_package(root, f, progress)
         f.seek(0)
         digest = hashlib.sha256()
         while chunk := f.read(CHUNK):

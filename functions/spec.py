@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from functions.errors import InvalidRequest
+from functions.resources import Resources
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -24,7 +25,8 @@ class FunctionSpec:
     """One immutable version of a function.
 
     Exactly one of ``entrypoint`` (``module:callable``, called with the job input) and
-    ``command`` (argv run in the package directory) is set.
+    ``command`` (argv run in the package directory) is set. ``sku`` is the pool its jobs
+    run on: named by the deployer, or chosen at registration from ``resources``.
     """
 
     name: str
@@ -41,6 +43,9 @@ class FunctionSpec:
     version: int = 0
     created: float = 0.0
     owner: str = ""
+    resources: Resources | None = None
+    """What the deployer asked for instead of a pool, until registration chose ``sku`` from
+    it; not stored (the version records the pool)."""
 
     def validate(self) -> None:
         if not NAME_RE.fullmatch(self.name):

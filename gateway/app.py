@@ -38,11 +38,12 @@ from functions.errors import (
     UnknownField,
 )
 from functions.nesting import MAX_NESTING, nests_deeper
+from functions.resources import Resources
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
 from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
-from gateway.errors import error_body, error_headers, http_status
+from gateway.errors import error_body, error_headers, http_status, retry_after
 from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
 from gateway.openapi import build_openapi
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
@@ -58,6 +59,7 @@ INVOKE_FIELDS = {
     "queue": Field((str,), default="default"),
     "priority": Field((int,), default=0),
     "timeout_s": Field((float,)),
+    "single_use": Field((bool,), default=False),
 }
 MAX_TEXT = 255
 """Longest ``lease_tag``, ``queue`` and Idempotency-Key (the job store's String(255))."""
@@ -86,7 +88,8 @@ def check_invoke(body: dict[str, Any], raw: bytes) -> None:
 
 FUNCTION_FIELDS = {
     "name": Field((str,), required=True),
-    "sku": Field((str,), required=True),
+    "sku": Field((str,)),
+    "resources": Field((dict,)),
     "package_digest": Field((str,), required=True),
     "entrypoint": Field((str,)),
     "command": Field((list,)),
@@ -284,9 +287,13 @@ async def create_function(request: Request) -> Response:
     command = body["command"]
     if command is not None and not all(isinstance(c, str) for c in command):
         raise InvalidRequest("command must be a list of strings", field="command")
+    if (body["sku"] is None) == (body["resources"] is None):
+        raise InvalidRequest("give exactly one of sku (a pool) and resources", field="sku")
+    resources = body["resources"]
     spec = FunctionSpec(
         name=body["name"],
-        sku=body["sku"],
+        sku=body["sku"] or "",
+        resources=Resources.from_json(resources) if resources is not None else None,
         package_digest=body["package_digest"],
         entrypoint=body["entrypoint"],
         command=tuple(command) if command is not None else None,
@@ -451,7 +458,11 @@ async def healthz(request: Request) -> Response:
 @queries()
 async def readyz(request: Request) -> Response:
     ready = _broker(request).ready
-    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+    if ready:
+        return JSONResponse({"ready": True})
+    return JSONResponse(
+        {"ready": False}, status_code=503, headers={"Retry-After": retry_after(None)}
+    )
 
 
 @queries()
@@ -488,7 +499,9 @@ async def unexpected_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, SQLAlchemyError):
         log.error("%s %s: the job store failed: %r", request.method, request.url.path, exc)
         error = Unavailable("the job store failed; try again")
-        return JSONResponse(error_body(error), status_code=http_status(error))
+        return JSONResponse(
+            error_body(error), status_code=http_status(error), headers=error_headers(error)
+        )
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     body = {"error": {"class": str(ErrorClass.INTERNAL), "message": "internal error (logged)"}}
     return JSONResponse(body, status_code=500)

@@ -272,23 +272,33 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    with _client(args) as fp:
-        env = dict(args.env or [])
-        _print(
-            fp.deploy(
-                args.dir,
-                name=args.name,
-                sku=args.sku,
-                entrypoint=args.entrypoint,
-                command=args.command,
-                requirements=args.requirements,
-                env=env,
-                timeout_s=args.timeout,
-                pods=args.pods,
-                single_use=args.single_use,
-            )
+    from functions.client.progress import DeployProgress
+
+    needs = {k: getattr(args, k) for k in ("cpu", "memory", "gpus", "accelerator")}
+    resources = {k: v for k, v in needs.items() if v is not None} or None
+    with _client(args) as fp, DeployProgress() as progress:
+        version = fp.deploy(
+            args.dir,
+            name=args.name,
+            sku=args.sku,
+            resources=resources,
+            entrypoint=args.entrypoint,
+            command=args.command,
+            requirements=args.requirements,
+            env=dict(args.env or []),
+            timeout_s=args.timeout,
+            max_retries=args.retries,
+            pods=args.pods,
+            single_use=args.single_use,
+            progress=progress,
         )
-        print(f"uploaded {fp.bytes_uploaded} bytes", file=sys.stderr)  # 0: already stored
+    sent = version.pop("uploaded_bytes")
+    digest = str(version.get("package_digest", ""))[:12]
+    if sent:
+        sys.stderr.write(f"uploaded {sent} bytes (package {digest})\n")
+    else:
+        sys.stderr.write(f"uploaded nothing (0 bytes): the gateway has package {digest}\n")
+    _print(version)
     return 0
 
 
@@ -421,7 +431,7 @@ def cmd_functions(args: argparse.Namespace) -> int:
         if args.delete:
             _print(fp.delete_function(args.name))
         else:
-            _print(fp.function(args.name) if args.name else fp.functions())
+            _print(fp.describe_function(args.name) if args.name else fp.functions())
     return 0
 
 
@@ -506,14 +516,22 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("migrate", help="bring the job store schema to the current version")
     s.set_defaults(fn=cmd_migrate)
 
-    s = client("deploy", "package DIR and register a function version")
+    s = client(
+        "deploy",
+        "package DIR and register a function version (DIR/firepool.toml gives what no flag "
+        "does; DIR/.firepoolignore leaves files out)",
+    )
     s.add_argument(
         "dir",
         type=Path,
         help="the function's code directory (packaged and uploaded once per content)",
     )
-    s.add_argument("--name", required=True, help="function name: [a-z0-9][a-z0-9_-]{0,62}")
-    s.add_argument("--sku", required=True, help="hardware pool to run on (the catalog's)")
+    s.add_argument("--name", help="function name: [a-z0-9][a-z0-9_-]{0,62}")
+    s.add_argument("--sku", help="hardware pool to run on (the catalog's), or ask for resources:")
+    s.add_argument("--cpu", type=float, help="cores; the smallest pool that fits is chosen")
+    s.add_argument("--memory", type=int, help="MiB per job")
+    s.add_argument("--gpus", type=int, help="GPUs per pod")
+    s.add_argument("--accelerator", help="GPU model (the catalog's accelerator name)")
     s.add_argument("--entrypoint", help="module:function called with the input")
     s.add_argument("--command", nargs="+", help="a program to run instead of an entrypoint")
     s.add_argument("--requirements", type=Path, help="a pip requirements file")
@@ -524,12 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="environment variable (repeatable)",
     )
+    s.add_argument("--timeout", type=_seconds, help="seconds per attempt (default 300)")
+    s.add_argument("--retries", type=int, help="retries of a lost or failed attempt (default 2)")
+    s.add_argument("--pods", type=int, help="pods per job, a gang (default 1)")
     s.add_argument(
-        "--timeout", type=_seconds, default=300.0, help="seconds per attempt (default %(default)s)"
-    )
-    s.add_argument("--pods", type=int, default=1, help="pods per job, a gang (default %(default)s)")
-    s.add_argument(
-        "--single-use", action="store_true", help="a fresh pod per job, deleted after it"
+        "--single-use",
+        action=argparse.BooleanOptionalAction,
+        help="a fresh pod per job, deleted after it",
     )
     s.set_defaults(fn=cmd_deploy)
 

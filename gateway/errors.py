@@ -1,6 +1,9 @@
-"""The one place that maps typed errors to HTTP status codes and JSON error bodies."""
+"""The one place that maps typed errors to HTTP status codes, JSON error bodies and the
+headers that go with them (``Retry-After`` on every refusal for capacity or quota)."""
 
 from __future__ import annotations
+
+import math
 
 from functions.errors import ErrorClass, FirepoolError
 
@@ -20,18 +23,29 @@ STATUS: dict[ErrorClass, int] = {
     ErrorClass.STORE_UNAVAILABLE: 503,
     ErrorClass.PACKAGE_FETCH_FAILED: 502,
 }
+RETRY_AFTER_S = 1.0
+"""What ``Retry-After`` says when the error names no delay of its own: a broker that is not
+taking jobs (starting, stopping) or whose job store failed is back, or not, within seconds."""
+RETRIED_STATUS = frozenset({429, 503})
+"""Refusals for capacity or quota: a client may send the same request again later."""
 
 
 def http_status(error: FirepoolError) -> int:
     return STATUS.get(error.error_class, 500)
 
 
-def error_headers(error: FirepoolError) -> dict[str, str]:
-    """Headers an error's answer carries: ``Retry-After`` for one that says when to try again
-    (``StoreUnavailable``)."""
-    retry_after = getattr(error, "retry_after_s", None)
-    return {} if retry_after is None else {"Retry-After": str(retry_after)}
-
-
 def error_body(error: FirepoolError) -> dict[str, object]:
     return {"error": error.to_json()}
+
+
+def error_headers(error: FirepoolError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) for a refusal a client may send again
+    (``RETRIED_STATUS``): the error's own ``retry_after_s`` or ``RETRY_AFTER_S``."""
+    if http_status(error) not in RETRIED_STATUS:
+        return {}
+    return {"Retry-After": retry_after(error.retry_after_s)}
+
+
+def retry_after(seconds: float | None) -> str:
+    """A ``Retry-After`` value: ``seconds`` (``RETRY_AFTER_S`` if None) rounded up."""
+    return str(max(1, math.ceil(RETRY_AFTER_S if seconds is None else seconds)))

@@ -27,6 +27,10 @@ _JSON_TYPES = {
     list: "array",
 }
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_RETRY_AFTER = {
+    "description": "whole seconds to wait before sending the same request again",
+    "schema": {"type": "integer", "minimum": 1},
+}
 _JOB = {"$ref": "#/components/schemas/Job"}
 _OBJECT = {"type": "object"}
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -169,6 +173,7 @@ def _op(
         "500": {"description": "an internal error (logged)", "content": _json(_ERROR)},
         "503": {
             "description": "the broker is shutting down, or its job store failed: try again",
+            "headers": {"Retry-After": _RETRY_AFTER},
             "content": _json(_ERROR),
         },
     }
@@ -488,7 +493,10 @@ def build_openapi(
                     "responses": {
                         "200": {"description": "ready"},
                         "400": _PROBE_QUERY,
-                        "503": {"description": "starting or shutting down"},
+                        "503": {
+                            "description": "starting or shutting down",
+                            "headers": {"Retry-After": _RETRY_AFTER},
+                        },
                     },
                 }
             },

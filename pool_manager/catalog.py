@@ -15,6 +15,7 @@ Unknown keys are rejected with the key's name, like every other input.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from functions.errors import FirepoolError, InvalidRequest, UnknownField
+from functions.resources import Resources
 
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 """Pool (sku) and accelerator names: a function's ``sku`` takes the same form, and the name
@@ -237,6 +239,47 @@ class Catalog:
         except KeyError:
             raise InvalidRequest(f"unknown sku {sku!r}", field="sku") from None
 
+    def smallest_fit(self, need: Resources) -> PoolSpec:
+        """The smallest pool that holds ``need`` (paper §4, SKU round-up): a CPU pool with
+        at least ``ceil(need.cpu)`` cores per pod for a CPU request; a GPU pool of the asked
+        accelerator (any, if none is named) with at least ``need.gpus`` GPUs per pod for a
+        GPU one (a GPU pool's cores are not modelled); and, when memory is asked, a per-job
+        memory limit at least that large (a pool without one has no cap). Smallest: fewest
+        units per pod, then least memory, then name, so the choice is the same on every
+        broker. ``InvalidRequest`` (field ``resources``) naming the largest pool of that
+        kind when none fits."""
+        gpu = need.wants_gpu
+        kind = [
+            pool
+            for pool in self.pools.values()
+            if pool.is_gpu == gpu and (not gpu or need.accelerator in (None, pool.accelerator))
+        ]
+        cores = max(1, need.gpus) if gpu else math.ceil(need.cpu)
+        fits = [
+            pool
+            for pool in kind
+            if pool.units_per_pod >= cores
+            and (need.memory_mb is None or (pool.memory_limit_mb or math.inf) >= need.memory_mb)
+        ]
+        if fits:
+            return min(fits, key=_pool_size)
+        what = f"{need.accelerator} GPU" if need.accelerator else "GPU" if gpu else "CPU"
+        if not kind:
+            raise InvalidRequest(
+                f"no pool fits {need.describe()}: the catalog has no {what} pool "
+                f"(pools: {', '.join(sorted(self.pools))})",
+                field="resources",
+            )
+        largest = max(kind, key=_pool_size)
+        unit = "GPUs" if gpu else "cores"
+        memory = largest.memory_limit_mb
+        raise InvalidRequest(
+            f"no pool fits {need.describe()}: the largest {what} pool is {largest.sku!r} "
+            f"({largest.units_per_pod} {unit} per pod"
+            f"{f', {memory} MiB' if memory is not None else ''})",
+            field="resources",
+        )
+
     def budget(self, accelerator: str) -> int | None:
         """Units available to ``accelerator`` across all its pools; ``None`` = unbounded."""
         return self.budgets.get(accelerator)
@@ -306,6 +349,13 @@ class Catalog:
             return cls.from_mapping(data)
         except FirepoolError as exc:
             raise type(exc)(f"{path}: {exc.message}", field=exc.field) from None
+
+
+def _pool_size(pool: PoolSpec) -> tuple[int, float, str]:
+    """How ``smallest_fit`` orders pools: units per pod, per-job memory (none: unbounded),
+    name."""
+    memory = math.inf if pool.memory_limit_mb is None else pool.memory_limit_mb
+    return (pool.units_per_pod, memory, pool.sku)
 
 
 def _check_int(sku: str, name: str, value: object, low: int) -> None:

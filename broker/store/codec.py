@@ -99,6 +99,7 @@ def job_row(job: Job) -> dict[str, Any]:
         idempotency_key=job.idempotency_key,
         request_hash=job.request_hash,
         output_expired=False,
+        single_use=job.single_use,
     )
     return row
 
@@ -136,6 +137,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         request_hash=row["request_hash"],
         output_expired=bool(row["output_expired"]),
         output_omitted=bool(row.get("output_omitted", False)),
+        single_use=bool(row.get("single_use", False)),
     )
     return job
 

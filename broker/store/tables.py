@@ -67,6 +67,8 @@ class JobRow(Base):
     request_hash: Mapped[str | None] = mapped_column(String(128))
     # set once the retention period cleared the output (migration 0002)
     output_expired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the call asked for a fresh pod of its own (migration 0004)
+    single_use: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class FunctionRow(Base):

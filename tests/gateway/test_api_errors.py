@@ -236,7 +236,7 @@ def test_an_id_or_name_cannot_walk_the_sdk_to_another_route(
             fp.job("..")
         with pytest.raises(InvalidRequest):  # the server decodes %2F before it routes
             fp.job("some-id/logs")
-        assert fp.function("walked")["name"] == "walked", "still there"
+        assert fp.describe_function("walked")["name"] == "walked", "still there"
     assert queried.value.status == 404
 
 

@@ -308,5 +308,5 @@ def test_a_deploy_streams_the_package_instead_of_holding_it(
     peak_kib = int(proc.stderr.split("VmHWM:")[1].split()[0])
     assert peak_kib * 1024 < 64 * MiB, f"peak RSS {peak_kib // 1024} MiB"
     with broker_server.client("cli-big") as fp:
-        registered = fp.function("cli-big")
+        registered = fp.describe_function("cli-big")
     assert registered["package_digest"] == package_digest(code)[0]

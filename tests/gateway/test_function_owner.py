@@ -21,7 +21,7 @@ def test_only_the_owner_or_an_admin_changes_a_function(fake_pod_broker: Threaded
             bob.deploy(EXAMPLES / "noop", name="owned", sku="cpu", entrypoint="noop:noop")
         with pytest.raises(ApiError) as deleted:
             bob.delete_function("owned")
-        assert bob.function("owned")["owner"] == "owner-alice"
+        assert bob.describe_function("owned")["owner"] == "owner-alice"
     for refused in (replaced.value, deleted.value):
         assert (refused.status, refused.error_class) == (403, "Forbidden"), refused
         assert "belongs to 'owner-alice'" in refused.message
@@ -42,10 +42,10 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
     with fake_pod_broker.client("pkg-alice", Role.DEPLOY) as alice:
         mine = alice.deploy(code, name="alice-secret", sku="cpu", entrypoint="secret_fn:run",
                             env={"ALICE_API_TOKEN": "s3cret"})  # fmt: skip
-        assert alice.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}
+        assert alice.describe_function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}
     digest = mine["package_digest"]
     with fake_pod_broker.client("pkg-carol") as carol:
-        seen = [carol.function("alice-secret")] + [
+        seen = [carol.describe_function("alice-secret")] + [
             f for f in carol.functions() if f["name"] == "alice-secret"
         ]
         assert carol.invoke("alice-secret", 7)["output"] == 7, "anyone may still call it"
@@ -64,4 +64,4 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
         bob.deploy(code, name="bob-has-it", sku="cpu", entrypoint="secret_fn:run")
         assert bob._http.head(f"/v1/packages/{digest}").status_code == 200
     with fake_pod_broker.client("pkg-ops", Role.ADMIN) as ops:
-        assert ops.function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}
+        assert ops.describe_function("alice-secret")["env"] == {"ALICE_API_TOKEN": "s3cret"}

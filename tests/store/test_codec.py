@@ -108,4 +108,5 @@ def test_the_rows_cover_every_field_of_the_models() -> None:
     assert not listing_only & set(job_row(job))
     spec = FunctionSpec(name="f", sku="s", package_digest="d", entrypoint="m:f")
     row = function_row(spec)
-    assert {f.name for f in dataclasses.fields(FunctionSpec)} <= set(row)
+    asked_only = {"resources"}  # what registration turned into ``sku``, never stored
+    assert {f.name for f in dataclasses.fields(FunctionSpec)} - asked_only <= set(row)
