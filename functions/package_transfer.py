@@ -115,7 +115,7 @@ def _call(
 
 
 def _put_part(
-    direct: httpx.Client, file: BinaryIO, part: dict[str, Any], progress: Progress | None
+    direct: httpx.Client, file: BinaryIO, part: dict[str, Any], progress: Progress | None = None
 ) -> str:
     """PUT one part to its presigned URL; its ETag."""
     size = int(part["size"])

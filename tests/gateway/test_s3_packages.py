@@ -312,7 +312,7 @@ def test_firepool_deploy_says_what_it_uploaded_and_firepool_logs_reads_the_bucke
     token = served.token("cli-dev", Role.DEPLOY)
     deploy = ("deploy", str(code), "--name", "f", "--sku", "cpu", "--entrypoint", "main:f")
     assert f"uploaded {size} bytes" in _cli(served, token, *deploy).stderr
-    assert "uploaded 0 bytes" in _cli(served, token, *deploy).stderr
+    assert "uploaded nothing (0 bytes)" in _cli(served, token, *deploy).stderr
     with served.client("cli-dev", Role.DEPLOY) as fp:
         job = fp.invoke("f", 5)
     assert _cli(served, token, "logs", job["id"]).stdout == "line one\nline two 5\n"
