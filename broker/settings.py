@@ -87,6 +87,14 @@ def _port(name: str, text: str) -> int:
     return _whole(name, text, 1, 65535, "a port (1-65535)")
 
 
+def _rate(name: str, text: str) -> float:
+    """Operations per second: > 0 and finite."""
+    value = _float(text)
+    if not 0 < value < math.inf:
+        raise _refuse(name, "a number of operations per second > 0", text)
+    return value
+
+
 def _text(name: str, text: str) -> str:
     if not text.strip():
         raise _refuse(name, "a non-empty string", text)
@@ -207,6 +215,8 @@ Count = Annotated[int, _count]
 """A size, capacity or whole-second lifetime: > 0."""
 Port = Annotated[int, _port]
 """A TCP port, 1-65535."""
+Rate = Annotated[float, _rate]
+"""Operations per second: finite and > 0."""
 
 _PARSERS: dict[object, Parse] = {
     str: _text,
@@ -271,9 +281,22 @@ class Settings:
     """A pod whose agent does not answer within this is deleted."""
     backend: Annotated[str, _backend] = "local"
     """What pods are (FIREPOOL_BACKEND): ``local``, a ``pod_runtime`` agent process per pod on
-    this machine; ``fake``, in-memory pods that run attempts inside the broker's process, with
-    no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what it does not
-    emulate)."""
+    this machine; ``kubernetes``, a Kubernetes pod per pod, from its pool's ``template``
+    (docs/kubernetes.md); ``fake``, in-memory pods that run attempts inside the broker's
+    process, with no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what
+    it does not emulate)."""
+    k8s_namespace: str = "default"
+    """The namespace the kubernetes backend makes its pods and their Secrets in
+    (FIREPOOL_K8S_NAMESPACE)."""
+    k8s_create_qps: Rate = 20.0
+    """Most pod creates per second the kubernetes backend sends the API server (each pod is
+    two requests: its Secret and itself); creates beyond it wait their turn
+    (FIREPOOL_K8S_CREATE_QPS)."""
+    k8s_agent_port: Port = 8090
+    """The port every pod's agent listens on, reached at the pod's IP (FIREPOOL_K8S_AGENT_PORT)."""
+    k8s_kubeconfig: Path | None = None
+    """A kubeconfig file for the kubernetes backend (FIREPOOL_K8S_KUBECONFIG); unset: the
+    in-cluster service account's configuration."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
     allow_unsandboxed: bool = False
