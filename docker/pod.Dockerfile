@@ -36,4 +36,4 @@ ENV PATH=/opt/firepool/bin:$PATH \
 USER 10002:10002
 WORKDIR /var/lib/firepool-pod
 ENTRYPOINT ["python", "-m", "pod_runtime.agent"]
-CMD ["--pod-name", "pod", "--pod-dir", "/var/lib/firepool-pod", "--listen", "tcp:0.0.0.0:8000"]
+CMD ["--pod-name", "pod", "--pod-dir", "/var/lib/firepool-pod", "--listen", "tcp:0.0.0.0:8090"]
