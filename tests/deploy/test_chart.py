@@ -7,6 +7,7 @@ knows, secrets only by reference, a Role no wider than pods and Secrets."""
 from __future__ import annotations
 
 import copy
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,37 @@ def test_the_notes_say_how_to_reach_the_broker_and_mint_a_token() -> None:
     assert "exec deploy/fp-firepool -- firepool token" in text
     assert "NOTE: no auth.signingKey.existingSecret" in text
     assert "NOTE" not in notes(VALUE_SETS["gpu"])
+
+
+def readme_install_values() -> dict[str, Any]:
+    """The ``--set`` values of the ``helm install`` in README's "Run on Kubernetes"."""
+    readme = (CHART.parents[1] / "README.md").read_text()
+    section = readme.split("## Run on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    command = section.split("helm install", 1)[1].split("\n\n", 1)[0].split("\nkubectl", 1)[0]
+    words = command.replace("\\\n", " ").split()
+    values: dict[str, Any] = {}
+    for flag, value in itertools.pairwise(words):
+        if flag == "--set":
+            helm_values = helm.parse_set_string(value.replace("$REG", "registry.example.com/fp"))
+            values = merge(values, helm_values)
+    return values
+
+
+def merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out = dict(into)
+    for key, value in new.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge(out[key], value) if both else value
+    return out
+
+
+def test_the_readme_install_renders_valid_objects_that_use_its_secrets() -> None:
+    values = readme_install_values()
+    assert values["store"] == {"existingSecret": "firepool-store"}
+    objects = render(values)
+    for obj in objects:
+        validate(obj)
+    env = broker_env(objects)
+    assert env["FIREPOOL_STORE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "firepool-store"
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/fp/broker:0.1.0"
