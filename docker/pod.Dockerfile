@@ -26,14 +26,15 @@ RUN /opt/firepool/bin/pip install --no-deps . \
 FROM ${PYTHON_IMAGE}
 # The agent runs unprivileged, so jobs run as its uid (pod_runtime.jobuser needs root to
 # drop to another); the pod itself (its container, namespace and NetworkPolicy) is the
-# boundary. /var/lib/firepool-pod is the pod directory: packages, scratch, caches.
+# boundary. /pod is the pod directory (packages, scratch, caches): the kubernetes backend
+# mounts an emptyDir there (pool_manager/backends/kubernetes_spec.py, POD_DIR).
 RUN groupadd --system --gid 10002 firepool \
- && useradd --system --uid 10002 --gid 10002 --no-create-home --home-dir /var/lib/firepool-pod firepool \
- && install -d -m 0700 -o 10002 -g 10002 /var/lib/firepool-pod
+ && useradd --system --uid 10002 --gid 10002 --no-create-home --home-dir /pod firepool \
+ && install -d -m 0700 -o 10002 -g 10002 /pod
 COPY --from=build /opt/firepool /opt/firepool
 ENV PATH=/opt/firepool/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 10002:10002
-WORKDIR /var/lib/firepool-pod
+WORKDIR /pod
 ENTRYPOINT ["python", "-m", "pod_runtime.agent"]
-CMD ["--pod-name", "pod", "--pod-dir", "/var/lib/firepool-pod", "--listen", "tcp:0.0.0.0:8090"]
+CMD ["--pod-name", "pod", "--pod-dir", "/pod", "--listen", "tcp:0.0.0.0:8090"]
