@@ -119,6 +119,7 @@ def test_the_values_schema_forbids_unknown_keys_in_every_section_it_owns() -> No
     with helm.Chart.load(CHART) as chart:
         schema = chart.schema
     assert schema is not None
+    jsonschema.Draft202012Validator.check_schema(schema)
     open_ended = {"global"}  # Helm's own, shared with subcharts
     for section, spec in schema["properties"].items():
         if spec.get("type") == "object" and section not in open_ended:
