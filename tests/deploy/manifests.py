@@ -37,10 +37,11 @@ def values_file(name: str) -> dict[str, Any]:
     return loaded
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every object the chart renders with ``values`` over its defaults; ``HelmValuesError``
-    when they break values.schema.json, ``HelmRenderError`` when a template fails."""
-    with helm.Chart.load(CHART) as chart:
+def render(values: dict[str, Any] | None = None, chart_dir: Path = CHART) -> list[dict[str, Any]]:
+    """Every object the chart in ``chart_dir`` renders with ``values`` over its defaults;
+    ``HelmValuesError`` when they break values.schema.json, ``HelmRenderError`` when a
+    template fails."""
+    with helm.Chart.load(chart_dir) as chart:
         rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     objects = []
     for path, text in sorted(rendered.items()):

@@ -59,6 +59,17 @@ def test_a_lint_reports_a_broken_template(tmp_path: Path) -> None:
     assert any("nope" in error for error in report["errors"])
 
 
+def test_a_misspelt_field_in_a_template_fails_validation(tmp_path: Path) -> None:
+    broken = tmp_path / "firepool"
+    shutil.copytree(CHART, broken)
+    deployment = broken / "templates" / "deployment.yaml"
+    text = deployment.read_text()
+    assert text.count("imagePullPolicy:") == 2
+    deployment.write_text(text.replace("imagePullPolicy:", "imagePullPolisy:"))
+    with pytest.raises(jsonschema.ValidationError, match="imagePullPolisy"):
+        validate(one(render({}, broken), "Deployment"))
+
+
 BAD_FOR_KUBERNETES = {
     "a misspelt field": ({"broker": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity"),
     "an unknown toleration field": ({"broker": {"tolerations": [{"keyy": "gpu"}]}}, "keyy"),
