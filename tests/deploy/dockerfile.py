@@ -38,6 +38,8 @@ class Stage:
     """The base image with ``ARG`` defaults substituted."""
     name: str | None
     copies: list[Copy] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    """Each ``RUN``'s shell command, continuation lines joined."""
     user: str | None = None
     workdir: str = "/"
     entrypoint: list[str] | None = None
@@ -96,6 +98,8 @@ def parse(text: str) -> list[Stage]:
             raise ValueError(f"{keyword} before the first FROM")
         elif keyword == "COPY":
             stages[-1].copies.append(_copy(rest))
+        elif keyword == "RUN":
+            stages[-1].runs.append(rest)
         elif keyword == "USER":
             stages[-1].user = rest
         elif keyword == "WORKDIR":

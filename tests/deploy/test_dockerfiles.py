@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -120,15 +121,46 @@ def test_a_copy_of_a_missing_or_ignored_path_is_caught() -> None:
                                              "tests/conftest.py"]  # fmt: skip
 
 
+IMAGE_PACKAGES = {
+    "broker": {"gateway", "broker", "pool_manager", "functions", "pod_runtime", "simulator"},
+    "pod": {"pod_runtime", "functions"},
+}
+"""The first-party packages each image's wheel holds: a pod runs the agent and the error
+classes it reports, never broker code."""
+PIP_INSTALL_HERE = re.compile(r"/opt/firepool/bin/pip install (--no-deps )?\.(\s|$)")
+
+
+def built_wheel(tree: Path, into: Path) -> Path:
+    """Build the wheel ``pip install .`` builds in the image's WORKDIR ``tree``, offline
+    (this venv's setuptools, no index), and unpack it under ``into``; returns that dir."""
+    out = into / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "-q", "-w", str(out), str(tree)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    (wheel,) = out.glob("*.whl")
+    unpacked = into / "installed"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+    return unpacked
+
+
 @pytest.mark.parametrize("image", sorted(IMAGES))
-def test_the_entrypoint_runs_its_module_and_that_module_imports_from_the_copied_files(
+def test_the_image_installs_a_wheel_of_its_copied_files_whose_entrypoint_imports(
     image: str, tmp_path: Path
 ) -> None:
-    final = stages_of(image)[-1]
+    stages = stages_of(image)
+    final = stages[-1]
     command = [*(final.entrypoint or []), *(final.cmd or [])]
     assert command[:3] == ["python", "-m", IMAGES[image]]
-    tree = copied_tree(stages_of(image), tmp_path)
-    result = imports_from(tree, IMAGES[image])
+    assert any(PIP_INSTALL_HERE.search(run) for run in stages[0].runs)
+    installed = built_wheel(copied_tree(stages, tmp_path / "image"), tmp_path)
+    packages = {p.name for p in installed.iterdir() if (p / "__init__.py").exists()}
+    assert packages == IMAGE_PACKAGES[image]
+    if image == "broker":  # the store's migrations travel as package data
+        assert (installed / "broker" / "store" / "migrations" / "env.py").exists()
+    result = imports_from(installed, IMAGES[image])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
