@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import itertools
 import shutil
+import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
+from broker.keys import load_key
 from broker.settings import Settings, env_name
 from pool_manager.catalog import Catalog
 from tests.deploy.manifests import CHART, by_kind, notes, one, render, validate, values_file
@@ -290,3 +293,27 @@ def test_the_readme_install_renders_valid_objects_that_use_its_secrets() -> None
     assert env["FIREPOOL_STORE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "firepool-store"
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/fp/broker:0.1.0"
+
+
+def test_the_signing_key_init_container_leaves_a_key_only_the_broker_reads(
+    tmp_path: Path,
+) -> None:
+    """Runs the init container's own shell command, with the volumes' mount points moved
+    under ``tmp_path``."""
+    pod = one(render(VALUE_SETS["gpu"]), "Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    state, secret = tmp_path / "state", tmp_path / "secret"
+    state.mkdir()
+    secret.mkdir()
+    key = "ab" * 32
+    (secret / "signing.key").write_text(key)
+    script = init["command"][2]
+    script = script.replace(mounts["home"], str(state)).replace(mounts["signing-key"], str(secret))
+    subprocess.run([*init["command"][:2], script], check=True, timeout=30)
+    container = pod["containers"][0]
+    home = {var["name"]: var.get("value") for var in container["env"]}["FIREPOOL_HOME"]
+    local_home = state / Path(home).relative_to(mounts["home"])
+    assert stat.S_IMODE(local_home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((local_home / "signing.key").stat().st_mode) == 0o600
+    assert load_key(local_home / "signing.key") == bytes.fromhex(key)
