@@ -317,3 +317,21 @@ def test_the_signing_key_init_container_leaves_a_key_only_the_broker_reads(
     assert stat.S_IMODE(local_home.stat().st_mode) == 0o700
     assert stat.S_IMODE((local_home / "signing.key").stat().st_mode) == 0o600
     assert load_key(local_home / "signing.key") == bytes.fromhex(key)
+
+
+def test_pods_in_another_namespace_get_the_role_and_policies_there() -> None:
+    objects = render({"kubernetes": {"podNamespace": "firepool-pods"}})
+    for obj in objects:
+        validate(obj)
+    elsewhere = {"Role", "RoleBinding", "NetworkPolicy"}
+    for obj in objects:
+        expected = "firepool-pods" if obj["kind"] in elsewhere else None
+        assert obj["metadata"].get("namespace") == expected, obj["kind"]
+    binding = one(objects, "RoleBinding")
+    assert binding["subjects"][0]["namespace"] == "firepool"  # the broker's own
+    assert broker_env(objects)["FIREPOOL_K8S_NAMESPACE"]["value"] == "firepool-pods"
+    pods = next(p for p in by_kind(objects, "NetworkPolicy") if p["metadata"]["name"].endswith(
+        "-pods"))  # fmt: skip
+    (source,) = pods["spec"]["ingress"][0]["from"]
+    assert source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name":
+                                                          "firepool"}  # fmt: skip
