@@ -96,11 +96,15 @@ class AgentClient:
             raise AgentUnreachable(f"{method} {path.partition('?')[0]}: {exc!r}") from exc
 
     async def health(self, endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The agent's report, or None: no answer, or it did not take this client's secret
+        (a pod of another broker's key answers a probe, but nothing else)."""
         try:
             status, body = await self._call("GET", endpoint, "/healthz", timeout=timeout)
         except AgentUnreachable:
             return None
-        return body if status == 200 and isinstance(body, dict) else None
+        if status != 200 or not isinstance(body, dict) or body.get("authorized") is False:
+            return None  # the agent did not take our secret: we cannot use this pod
+        return body
 
     async def start(
         self, endpoint: str, spec: dict[str, Any], timeout: float

@@ -140,7 +140,7 @@ class Agent(AgentRoutes[Attempt]):
 
     async def healthz(self, request: web.Request) -> web.Response:
         if not request.get(AUTHORIZED, True):  # a probe without the secret: up, nothing more
-            return respond({"pod": self.settings.pod_name})
+            return respond({"pod": self.settings.pod_name, "authorized": False})
         return respond(
             {
                 "pod": self.settings.pod_name,

@@ -282,10 +282,11 @@ class EmulatedCluster:
                 found[name] = obj.raw
         return found
 
-    def requests(self) -> list[tuple[str, str]]:
-        """Every request the API server got so far: (method, path with query)."""
+    def requests(self) -> list[tuple[str, str, dict[str, str]]]:
+        """Every request the API server got so far: (method, path, query)."""
         assert self.kmock is not None
-        return [(str(r.method).upper(), str(r.url)) for r in list(self.kmock.requests)]
+        return [(str(r.method.value).upper(), r.url.path, dict(r.params))
+                for r in list(self.kmock)]  # fmt: skip
 
     def wait_until(self, check: Any, timeout_s: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout_s

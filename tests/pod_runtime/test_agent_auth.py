@@ -57,7 +57,7 @@ async def test_a_call_without_the_pods_secret_is_refused_401(
             async with http.get(url + "/attempts/job1:1", headers=headers) as resp:
                 assert resp.status == 401
         async with http.get(url + "/healthz") as resp:  # a probe: up, and nothing more
-            assert (resp.status, await resp.json()) == (200, {"pod": "cpu-a"})
+            assert (resp.status, await resp.json()) == (200, {"pod": "cpu-a", "authorized": False})
 
 
 async def test_the_broker_with_the_key_runs_an_attempt(tcp_pod: tuple[BackendPod, str]) -> None:
@@ -74,6 +74,7 @@ async def test_the_broker_with_the_key_runs_an_attempt(tcp_pod: tuple[BackendPod
     try:
         status, body = await stranger.start(pod.endpoint, {**ATTEMPT, "attempt_id": "x:1"}, 30)
         assert status == 401, body
+        assert await stranger.health(pod.endpoint) is None  # a pod it cannot use
     finally:
         await stranger.close()
 
