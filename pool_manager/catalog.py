@@ -112,7 +112,7 @@ class PodTemplate:
         if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
             raise wrong("command", "a list of strings")
         for key in ("resources", "security_context"):
-            if not isinstance(raw.get(key) or {}, Mapping):
+            if raw.get(key) is not None and not isinstance(raw[key], Mapping):
                 raise wrong(key, "a mapping")
         selector = raw.get("node_selector") or {}
         if not isinstance(selector, Mapping) or not all(
