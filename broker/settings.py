@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -93,6 +94,13 @@ def _rate(name: str, text: str) -> float:
     if not 0 < value < math.inf:
         raise _refuse(name, "a number of operations per second > 0", text)
     return value
+
+
+def _dns_label(name: str, text: str) -> str:
+    """A Kubernetes namespace name: 1-63 of a-z, 0-9 and '-', a letter or digit at each end."""
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", text):
+        raise _refuse(name, "a namespace name (1-63 of a-z, 0-9 and '-')", text)
+    return text
 
 
 def _text(name: str, text: str) -> str:
@@ -285,7 +293,7 @@ class Settings:
     (docs/kubernetes.md); ``fake``, in-memory pods that run attempts inside the broker's
     process, with no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what
     it does not emulate)."""
-    k8s_namespace: str = "default"
+    k8s_namespace: Annotated[str, _dns_label] = "default"
     """The namespace the kubernetes backend makes its pods and their Secrets in
     (FIREPOOL_K8S_NAMESPACE)."""
     k8s_create_qps: Rate = 20.0

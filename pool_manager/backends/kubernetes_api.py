@@ -20,6 +20,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from functions.errors import InvalidRequest
+
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT_S = 30.0
 
@@ -27,12 +29,23 @@ __all__ = ["ApiException", "KubeApi", "connect"]
 
 
 def connect(kubeconfig: Path | None) -> client.ApiClient:
-    """An API client from ``kubeconfig``, or from the pod's service account when None."""
+    """An API client from ``kubeconfig``, or from the pod's service account when None.
+    ``InvalidRequest`` naming the variable when neither can be read (a broker outside a
+    cluster with no kubeconfig, a missing or malformed file)."""
     configuration = client.Configuration()
-    if kubeconfig is None:
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    try:
+        if kubeconfig is None:
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(config_file=str(kubeconfig),
+                                    client_configuration=configuration)  # fmt: skip
+    except (config.ConfigException, OSError, ValueError) as exc:
+        where = f"the kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster configuration"
+        raise InvalidRequest(
+            f"the kubernetes backend cannot read {where}: {exc} (set FIREPOOL_K8S_KUBECONFIG "
+            "to a kubeconfig outside a cluster)",
+            field="FIREPOOL_K8S_KUBECONFIG",
+        ) from None
     return client.ApiClient(configuration)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +28,8 @@ import httpx
 import pytest
 
 from broker.keys import load_or_create_key
-from gateway.auth import Role
-from gateway.harness import BrokerServer, free_port, start_broker
+from gateway.auth import Authenticator, Role
+from gateway.harness import BrokerServer, free_port, start_broker, wait_ready
 from pod_runtime.agent_auth import agent_key, bearer, pod_secret
 from pool_manager.backends.kubernetes_api import KubeApi, connect
 from pool_manager.backends.kubernetes_spec import LABEL_POOL, LABEL_ROLE, secret_name
@@ -75,15 +77,36 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _broker_env(kubeconfig: Path, namespace: str, port: int) -> dict[str, str]:
-    env = {
+    return {
         "FIREPOOL_BACKEND": "kubernetes",
         "FIREPOOL_K8S_KUBECONFIG": str(kubeconfig),
         "FIREPOOL_K8S_NAMESPACE": namespace,
         "FIREPOOL_K8S_AGENT_PORT": str(port),
     }
-    if os.environ.get("FIREPOOL_TEST_PUBLIC_URL"):  # where pods reach the broker
-        env["FIREPOOL_PUBLIC_URL"] = os.environ["FIREPOOL_TEST_PUBLIC_URL"]
-    return env
+
+
+def _start(home: Path, env: dict[str, str], port: int | None = None) -> BrokerServer:
+    """``firepool serve`` on the cluster. On a real one it listens on
+    ``FIREPOOL_TEST_BROKER_HOST`` (default all addresses) and tells pods to reach it at
+    ``FIREPOOL_TEST_PUBLIC_HOST`` (an address of this machine the pods can reach)."""
+    if not REAL:
+        return start_broker(home, CATALOG, port=port, extra_env=env)
+    port = port or free_port()
+    public = os.environ.get("FIREPOOL_TEST_PUBLIC_HOST", "127.0.0.1")
+    env = {**env, "FIREPOOL_PUBLIC_URL": f"http://{public}:{port}"}
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (home / "catalog.yaml").write_text(CATALOG)
+    env["FIREPOOL_CATALOG"] = str(home / "catalog.yaml")
+    host = os.environ.get("FIREPOOL_TEST_BROKER_HOST", "0.0.0.0")
+    with (home / "broker.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--host", host, "--port", str(port)],
+            env={**os.environ, "FIREPOOL_HOME": str(home), **env}, stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc, home / "broker.log")
+    return BrokerServer(url, home, proc, Authenticator(load_or_create_key(home / "signing.key")))
 
 
 CATALOG = f"""\
@@ -104,7 +127,7 @@ pools:
 def _broker(cluster: Cluster, home: Path) -> Iterator[list[BrokerServer]]:
     """A broker process on the cluster, ``noop`` and ``whoami`` deployed; the list holds the
     current process (a test may kill and replace it). Its pods are deleted afterwards."""
-    server = start_broker(home, CATALOG, extra_env=cluster.env)
+    server = _start(home, cluster.env)
     holder = [server]
     try:
         _deploy(server)
@@ -154,8 +177,7 @@ def test_a_broker_killed_and_restarted_with_an_empty_home_restores_holds_from_an
     home = tmp_path / "new-home"
     home.mkdir(mode=0o700)
     shutil.copy(old.home / "signing.key", home / "signing.key")
-    crashy[0] = start_broker(home, CATALOG, port=int(old.url.rsplit(":", 1)[1]),
-                             extra_env=cluster.env)  # fmt: skip
+    crashy[0] = _start(home, cluster.env, port=int(old.url.rsplit(":", 1)[1]))
     _deploy(crashy[0])
     with crashy[0].client("k8s-holder") as fp:
         again = fp.invoke("whoami", None, lease_tag="s")

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.service import Broker
+from broker.settings import Settings
 from functions.errors import InvalidRequest, UnknownField
 from pod_runtime.agent_auth import SECRET_ENV
 from pool_manager.backends.kubernetes import Pacer
@@ -176,3 +179,18 @@ async def test_the_watch_resumes_from_its_version_and_lists_again_on_410_or_fail
     assert [kind for kind, _ in api.calls][:6] == ["list", "watch", "watch", "list", "watch",
                                                    "list"]  # fmt: skip
     assert lists[:3] == [1, 1, 1]
+
+
+def test_a_broker_on_kubernetes_without_a_cluster_config_is_refused_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(InvalidRequest, match="in-cluster configuration") as refused:
+        Broker(Settings(home=tmp_path / "home", backend="kubernetes"))
+    assert refused.value.field == "FIREPOOL_K8S_KUBECONFIG"
+    missing = tmp_path / "no-such-kubeconfig"
+    with pytest.raises(InvalidRequest, match="no-such-kubeconfig"):
+        Broker(Settings(home=tmp_path / "home", backend="kubernetes", k8s_kubeconfig=missing))
+    monkeypatch.setenv("FIREPOOL_K8S_NAMESPACE", "Not_A_Namespace")
+    with pytest.raises(InvalidRequest, match="FIREPOOL_K8S_NAMESPACE must be a namespace"):
+        Settings.from_env()
