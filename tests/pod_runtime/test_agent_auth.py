@@ -14,7 +14,14 @@ import aiohttp
 import pytest
 
 from broker.agent_client import AgentClient
-from pod_runtime.agent_auth import agent_key, bearer, pod_of, pod_secret, tcp_endpoint
+from pod_runtime.agent_auth import (
+    SECRET_ENV,
+    agent_key,
+    bearer,
+    pod_of,
+    pod_secret,
+    tcp_endpoint,
+)
 from pod_runtime.settings import parse_args
 from pool_manager.backends.base import BackendPod
 from pool_manager.backends.local import LocalBackend
@@ -68,6 +75,11 @@ async def test_the_broker_with_the_key_runs_an_attempt(tcp_pod: tuple[BackendPod
         assert health is not None and health["busy"] is False  # the full report
         status, result = await agents.start(pod.endpoint, ATTEMPT, timeout=30)
         assert (status, result["state"], result["output"]) == (200, "succeeded", 1), result
+        job = {**ATTEMPT, "attempt_id": "job2:1", "entrypoint": "os:getenv", "input": SECRET_ENV}
+        await agents.reset(pod.endpoint)
+        status, result = await agents.start(pod.endpoint, job, timeout=30)
+        assert (status, result["state"]) == (200, "succeeded"), result
+        assert result["output"] is None, "a job must not see its agent's secret"
     finally:
         await agents.close()
     stranger = AgentClient(agent_key(b"another broker's key".ljust(32)))
@@ -82,7 +94,6 @@ async def test_the_broker_with_the_key_runs_an_attempt(tcp_pod: tuple[BackendPod
 def test_the_secret_stays_out_of_jobs_and_the_command_line(tmp_path: Path) -> None:
     """It reaches the agent through its environment under a ``FIREPOOL_AGENT_`` name, which
     ``pod_runtime.jobenv`` keeps from jobs; a TCP agent without one refuses to start."""
-    from pod_runtime.agent_auth import SECRET_ENV
     from pod_runtime.jobenv import AGENT_PRIVATE_PREFIXES
 
     assert SECRET_ENV.startswith(AGENT_PRIVATE_PREFIXES)
