@@ -3,6 +3,11 @@
 One aiohttp session per pod endpoint (unix socket or TCP), created lazily and closed when the
 pod goes away. Every transport failure surfaces as ``AgentUnreachable``; the caller decides
 whether that means the pod is lost.
+
+Every call carries the pod's secret (``pod_runtime.agent_auth``), derived from the client's
+``key`` and the pod's name, which the endpoint itself says (``agent_auth.pod_of``). The name
+comes from the backend, never from the agent, so an agent cannot obtain another pod's secret by
+claiming its name; a pod IP reused by another pod gets a secret its agent does not hold.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
+
+from pod_runtime.agent_auth import bearer, pod_of, pod_secret
 
 
 class AgentUnreachable(Exception):
@@ -34,25 +41,35 @@ def _json_dumps(obj: Any) -> str:
 
 
 class AgentClient:
-    """Talks to pod agents. Use from the event loop only."""
+    """Talks to pod agents. Use from the event loop only. ``key``
+    (``pod_runtime.agent_auth.agent_key``): the key pod secrets derive from; None sends no
+    secret (agents started without one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: bytes | None = None) -> None:
         self._sessions: dict[str, tuple[aiohttp.ClientSession, str]] = {}
+        self._key = key
 
     def _session(self, endpoint: str) -> tuple[aiohttp.ClientSession, str]:
         entry = self._sessions.get(endpoint)
         if entry is not None:
             return entry
+        headers: dict[str, str] = {}
+        pod = pod_of(endpoint)
+        if self._key is not None and pod is not None:
+            headers = bearer(pod_secret(self._key, pod))
         if endpoint.startswith("unix:"):
             connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=endpoint[5:])
             base = "http://pod"
         elif endpoint.startswith("tcp:"):
             connector = aiohttp.TCPConnector(limit=0)
-            base = "http://" + endpoint[4:]
+            base = "http://" + endpoint[4:].partition("#")[0]
         else:
             raise ValueError(f"unknown agent endpoint {endpoint!r}")
         session = aiohttp.ClientSession(
-            connector=connector, json_serialize=_json_dumps, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            json_serialize=_json_dumps,
+            skip_auto_headers=("User-Agent",),
+            headers=headers,
         )
         self._sessions[endpoint] = (session, base)
         return session, base
@@ -79,11 +96,15 @@ class AgentClient:
             raise AgentUnreachable(f"{method} {path.partition('?')[0]}: {exc!r}") from exc
 
     async def health(self, endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The agent's report, or None: no answer, or it did not take this client's secret
+        (a pod of another broker's key answers a probe, but nothing else)."""
         try:
             status, body = await self._call("GET", endpoint, "/healthz", timeout=timeout)
         except AgentUnreachable:
             return None
-        return body if status == 200 and isinstance(body, dict) else None
+        if status != 200 or not isinstance(body, dict) or body.get("authorized") is False:
+            return None  # the agent did not take our secret: we cannot use this pod
+        return body
 
     async def start(
         self, endpoint: str, spec: dict[str, Any], timeout: float

@@ -23,6 +23,8 @@ def check_pod_isolation(settings: Settings) -> str | None:
     would run as the broker's user and read its signing key (and so mint admin tokens) and its
     job store: ``InvalidRequest`` naming the variable, unless the operator opted in
     (``allow_unsandboxed``), and then the warning to show on the console."""
+    if settings.backend == "kubernetes":  # a pod is a container of its own, elsewhere
+        return None
     if settings.backend == "fake":
         why = "FIREPOOL_BACKEND=fake runs every job inside the broker's own process"
         fix = "Run them on local pods (FIREPOOL_BACKEND=local) to sandbox them"

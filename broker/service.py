@@ -54,8 +54,9 @@ from broker.telemetry import Telemetry, make_telemetry
 from functions.errors import Forbidden, InvalidRequest, NotFound, TooLarge
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, check_digest_syntax, open_package_store
+from pod_runtime.agent_auth import agent_key
 from pool_manager.backends.base import PodBackend
-from pool_manager.backends.factory import make_backend
+from pool_manager.backends.factory import KubernetesOptions, make_backend
 from pool_manager.backends.local import socket_path_error
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
@@ -112,6 +113,7 @@ class Broker:
         """Uploads authorised here and sent straight to the object store (``s3``)."""
         self.package_bytes_served = 0
         """Package bytes this broker served to pods (``/v1/blobs``); 0 with the s3 store."""
+        pod_key = agent_key(key)  # each pod's agent secret derives from it (agent_auth)
         self.backend: PodBackend = backend or make_backend(
             settings.backend,
             root=home / "pods",
@@ -119,12 +121,19 @@ class Broker:
             sandbox=settings.sandbox,
             gpus=self.catalog.gpus,
             private=[home],  # its keys, job store, packages, logs
+            agent_key=pod_key,
+            kubernetes=KubernetesOptions(
+                namespace=settings.k8s_namespace,
+                create_qps=settings.k8s_create_qps,
+                agent_port=settings.k8s_agent_port,
+                kubeconfig=settings.k8s_kubeconfig,
+            ),
         )
         if backend is None and settings.backend == "local":
             check_socket_room(home / "pods", self.catalog)
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
-        self.agents = AgentClient()
+        self.agents = AgentClient(pod_key)
         self.logs = open_log_archive(home / "logs", self.packages)
         self.clock = time.time
         self._functions: FunctionRegistry | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -85,6 +86,21 @@ def _count(name: str, text: str) -> int:
 def _port(name: str, text: str) -> int:
     """A TCP port (a larger number wrapped around in the socket call)."""
     return _whole(name, text, 1, 65535, "a port (1-65535)")
+
+
+def _rate(name: str, text: str) -> float:
+    """Operations per second: > 0 and finite."""
+    value = _float(text)
+    if not 0 < value < math.inf:
+        raise _refuse(name, "a number of operations per second > 0", text)
+    return value
+
+
+def _dns_label(name: str, text: str) -> str:
+    """A Kubernetes namespace name: 1-63 of a-z, 0-9 and '-', a letter or digit at each end."""
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", text):
+        raise _refuse(name, "a namespace name (1-63 of a-z, 0-9 and '-')", text)
+    return text
 
 
 def _text(name: str, text: str) -> str:
@@ -236,6 +252,8 @@ Count = Annotated[int, _count]
 """A size, capacity or whole-second lifetime: > 0."""
 Port = Annotated[int, _port]
 """A TCP port, 1-65535."""
+Rate = Annotated[float, _rate]
+"""Operations per second: finite and > 0."""
 
 _PARSERS: dict[object, Parse] = {
     str: _text,
@@ -319,9 +337,22 @@ class Settings:
     """A pod whose agent does not answer within this is deleted."""
     backend: Annotated[str, _backend] = "local"
     """What pods are (FIREPOOL_BACKEND): ``local``, a ``pod_runtime`` agent process per pod on
-    this machine; ``fake``, in-memory pods that run attempts inside the broker's process, with
-    no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what it does not
-    emulate)."""
+    this machine; ``kubernetes``, a Kubernetes pod per pod, from its pool's ``template``
+    (docs/kubernetes.md); ``fake``, in-memory pods that run attempts inside the broker's
+    process, with no isolation (fast tests only: ``pool_manager/backends/fake.py`` lists what
+    it does not emulate)."""
+    k8s_namespace: Annotated[str, _dns_label] = "default"
+    """The namespace the kubernetes backend makes its pods and their Secrets in
+    (FIREPOOL_K8S_NAMESPACE)."""
+    k8s_create_qps: Rate = 20.0
+    """Most pod creates per second the kubernetes backend sends the API server (each pod is
+    two requests: its Secret and itself); creates beyond it wait their turn
+    (FIREPOOL_K8S_CREATE_QPS)."""
+    k8s_agent_port: Port = 8090
+    """The port every pod's agent listens on, reached at the pod's IP (FIREPOOL_K8S_AGENT_PORT)."""
+    k8s_kubeconfig: Path | None = None
+    """A kubeconfig file for the kubernetes backend (FIREPOOL_K8S_KUBECONFIG); unset: the
+    in-cluster service account's configuration."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
     allow_unsandboxed: bool = False

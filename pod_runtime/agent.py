@@ -21,6 +21,7 @@ from aiohttp import web
 
 from functions.errors import ErrorClass
 from pod_runtime import jobuser, spawner, sysvipc
+from pod_runtime.agent_auth import AUTHORIZED
 from pod_runtime.agent_http import AgentRoutes, respond
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
@@ -42,7 +43,7 @@ class Agent(AgentRoutes[Attempt]):
     """Owns the pod's runner, resetter, zygote and the attempts kept until acknowledged."""
 
     def __init__(self, settings: AgentSettings) -> None:
-        super().__init__()
+        super().__init__(settings.secret)
         self.settings = settings
         self.layout = settings.layout
         self.nvml = Nvml()
@@ -138,6 +139,8 @@ class Agent(AgentRoutes[Attempt]):
                 os.kill(pid, signal.SIGKILL)
 
     async def healthz(self, request: web.Request) -> web.Response:
+        if not request.get(AUTHORIZED, True):  # a probe without the secret: up, nothing more
+            return respond({"pod": self.settings.pod_name, "authorized": False})
         return respond(
             {
                 "pod": self.settings.pod_name,

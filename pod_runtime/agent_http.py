@@ -33,6 +33,7 @@ import orjson
 from aiohttp import web
 
 from functions.errors import Conflict, ErrorClass, FirepoolError, InvalidRequest, NotFound
+from pod_runtime.agent_auth import auth_middleware
 from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState, decode_spec, json_safe
 
 LOG_CHUNK = 1 << 20
@@ -123,7 +124,10 @@ A = TypeVar("A", bound=AgentAttempt)
 class AgentRoutes(abc.ABC, Generic[A]):
     """The attempts kept until acknowledged, the attempt running now, and the routes."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str | None = None) -> None:
+        self.secret = secret
+        """What every call but ``GET /healthz`` must carry (``pod_runtime.agent_auth``); None:
+        nothing (an in-process fake pod)."""
         self.attempts: dict[str, A] = {}
         self.current: A | None = None
         self._lock = asyncio.Lock()
@@ -271,7 +275,10 @@ class AgentRoutes(abc.ABC, Generic[A]):
         return respond(report)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(
+            middlewares=[auth_middleware(self.secret), errors_middleware],
+            client_max_size=MAX_BODY_BYTES,
+        )
         app.router.add_get("/healthz", self.healthz)
         app.router.add_post("/attempts", self.post_attempt)
         app.router.add_get("/attempts/{id}", self.get_attempt)

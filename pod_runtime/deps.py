@@ -25,6 +25,7 @@ from pathlib import Path
 
 from functions.errors import ErrorClass, FirepoolError
 from pod_runtime import jobuser, spawner
+from pod_runtime.jobenv import AGENT_PRIVATE_PREFIXES
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import BlobRef
 
@@ -129,7 +130,8 @@ class Dependencies:
             raise DependencyInstallFailed(f"requirements file: {exc.message}") from exc
         self._clear_markers()
         install_log = log.with_name("install.log")
-        env = dict(os.environ)
+        # Not the agent's own variables (its secret): an install runs the caller's build code.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_PRIVATE_PREFIXES)}
         env.update(
             {
                 "UV_CACHE_DIR": str(self.cache_dir / "uv"),

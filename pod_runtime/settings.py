@@ -5,8 +5,9 @@
 ``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
 ``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``
 ``[--max-log-bytes N]``.
-Frozen after start; apart from one test-only fault-injection variable (``FAULT_ENV``),
-nothing reads the environment.
+Frozen after start; apart from the agent's secret (``agent_auth.SECRET_ENV``: never on a
+command line, which every local user can read) and one test-only fault-injection variable
+(``FAULT_ENV``), nothing reads the environment.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pod_runtime.agent_auth import SECRET_ENV
 from pod_runtime.archive import ArchiveLimits
 
 
@@ -73,7 +75,8 @@ job is never stopped for its log. The broker copies each log into its own archiv
 also bounds what one job costs the broker."""
 
 FAULT_ENV = "FIREPOOL_AGENT_FAULT_UNCLEAN_RESETS"
-"""The one variable the agent reads: a test-only fault injection (see AgentSettings)."""
+"""A variable the agent reads: a test-only fault injection (see AgentSettings). The other is
+its secret, ``agent_auth.SECRET_ENV``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,11 @@ class AgentSettings:
     resets report unclean, as if a job's process had survived SIGKILL, so the broker's
     retire-and-replace path can be exercised end to end. Never set in production."""
 
+    secret: str | None = None
+    """What every call but ``GET /healthz`` must carry (``pod_runtime.agent_auth``), from
+    ``SECRET_ENV``. Required to listen on TCP; None on a unix socket: no check (the socket's
+    directory is the pod's own)."""
+
     @property
     def layout(self) -> PodLayout:
         return PodLayout(self.pod_dir)
@@ -152,6 +160,9 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         parser.error("--listen must be unix:PATH or tcp:HOST:PORT")
     if args.max_log_bytes < 1:
         parser.error("--max-log-bytes must be positive")
+    secret = os.environ.get(SECRET_ENV) or None
+    if secret is None and args.listen.startswith("tcp:"):
+        parser.error(f"an agent on TCP needs its secret in {SECRET_ENV}")
     return AgentSettings(
         pod_name=args.pod_name,
         pod_dir=args.pod_dir.resolve(),
@@ -174,4 +185,5 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         cgroups=not args.no_cgroups,
         max_log_bytes=args.max_log_bytes,
         fault_unclean_resets=int(os.environ.get(FAULT_ENV, "0") or 0),
+        secret=secret,
     )

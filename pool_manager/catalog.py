@@ -8,13 +8,21 @@ Read once at startup (frozen dataclasses). A catalog file is YAML::
     pools:
       cpu:   {accelerator: cpu, units_per_pod: 1, min_count: 1, max_count: 8}
       h200:  {accelerator: h200, units_per_pod: 1, standbys_per_active: 3}
+      big:
+        template:                          # the pod template (the kubernetes backend)
+          image: registry.example/firepool-pod:1.0
+          resources: {limits: {cpu: "4", memory: 16Gi}}
 
-Unknown keys are rejected with the key's name, like every other input.
+Unknown keys are rejected with the key's name, like every other input. A pool's ``template``
+is either a version string (``v2``) or a pod template (``PodTemplate``), plain data here:
+only a backend turns it into a pod.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -33,6 +41,105 @@ becomes part of pod names, cgroup paths and metric labels (``zz/../../x`` would 
 cgroups outside the broker's tree)."""
 MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 """A dotted module name, as ``preload`` takes them."""
+
+TEMPLATE_KEYS = ("image", "command", "resources", "node_selector", "tolerations",
+                 "runtime_class", "security_context", "service_account")  # fmt: skip
+"""The keys of a pool's pod template (``PodTemplate``)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PodTemplate:
+    """How a pool's pods are made on Kubernetes. Plain data, checked for shape here (types,
+    unknown keys); the API server checks the values (a bad quantity fails the create).
+    Compared and hashed by ``digest``."""
+
+    image: str
+    """The pod image: the agent, Python and the pool's preloads (docker/pod.Dockerfile)."""
+    command: tuple[str, ...] = ()
+    """The container's command, before the agent's options; empty:
+    ``python -m pod_runtime.agent``."""
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    """The container's ``resources`` (``requests``/``limits``), as in a pod spec."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    runtime_class: str | None = None
+    """``runtimeClassName`` (gVisor, Kata: a sandbox the pod runs in)."""
+    security_context: Mapping[str, Any] = field(default_factory=dict)
+    """The container's ``securityContext``."""
+    service_account: str | None = None
+    """``serviceAccountName``; None: the namespace's default."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "command": list(self.command),
+            "resources": dict(self.resources),
+            "node_selector": dict(self.node_selector),
+            "tolerations": [dict(t) for t in self.tolerations],
+            "runtime_class": self.runtime_class,
+            "security_context": dict(self.security_context),
+            "service_account": self.service_account,
+        }
+
+    @property
+    def digest(self) -> str:
+        """16 hex digits naming this template's content (canonical JSON, sha256)."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PodTemplate) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], sku: str) -> PodTemplate:
+        """``UnknownField``/``InvalidRequest`` naming ``template.<key>``."""
+        bad = set(raw) - set(TEMPLATE_KEYS)
+        if bad:
+            name = sorted(bad)[0]
+            raise UnknownField(f"unknown key {name!r} in pool {sku!r}'s template",
+                               field=f"template.{name}")  # fmt: skip
+
+        def wrong(key: str, what: str) -> InvalidRequest:
+            return InvalidRequest(f"pool {sku!r}: template.{key} must be {what}, not "
+                                  f"{raw[key]!r}", field=f"template.{key}")  # fmt: skip
+
+        image = raw.get("image")
+        if not isinstance(image, str) or not image.strip():
+            raise InvalidRequest(f"pool {sku!r}: a template needs an image",
+                                 field="template.image")  # fmt: skip
+        command = raw.get("command") or []
+        if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+            raise wrong("command", "a list of strings")
+        for key in ("resources", "security_context"):
+            if raw.get(key) is not None and not isinstance(raw[key], Mapping):
+                raise wrong(key, "a mapping")
+        selector = raw.get("node_selector") or {}
+        if not isinstance(selector, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+        ):
+            raise wrong("node_selector", "a mapping of strings to strings")
+        tolerations = raw.get("tolerations") or []
+        if not isinstance(tolerations, list) or not all(
+            isinstance(t, Mapping) for t in tolerations
+        ):
+            raise wrong("tolerations", "a list of mappings")
+        for key in ("runtime_class", "service_account"):
+            if raw.get(key) is not None and not (isinstance(raw[key], str) and raw[key]):
+                raise wrong(key, "a non-empty string")
+        return cls(
+            image=image,
+            command=tuple(command),
+            resources=dict(raw.get("resources") or {}),
+            node_selector=dict(selector),
+            tolerations=tuple(dict(t) for t in tolerations),
+            runtime_class=raw.get("runtime_class"),
+            security_context=dict(raw.get("security_context") or {}),
+            service_account=raw.get("service_account"),
+        )
+
 
 TagMode = Literal["retire", "switch", "hint"]
 TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
@@ -94,7 +201,12 @@ class PoolSpec:
     default). Jobs get ``TMPDIR`` on disk (their scratch); raise it for jobs that share
     big tensors through ``/dev/shm``."""
     template: str = "v1"
-    """Pod template version; pods of another template are stale and retire when idle."""
+    """Pod template version; pods of another template are stale and retire when idle. A
+    catalog whose pool gives a pod template (``pod_template``) gets ``t-<its digest>``, so
+    changing the template retires the pods of the old one."""
+    pod_template: PodTemplate | None = None
+    """How the kubernetes backend makes this pool's pods (the catalog's ``template:``
+    mapping); None: that backend refuses to create pods of this pool."""
 
     def __post_init__(self) -> None:
         """Raises ``InvalidRequest`` naming the first knob of the wrong type or out of range:
@@ -299,7 +411,7 @@ class Catalog:
         if unknown:
             name = sorted(unknown)[0]
             raise UnknownField(f"unknown catalog key {name!r}", field=name)
-        known = {f.name for f in dataclasses.fields(PoolSpec)}
+        known = {f.name for f in dataclasses.fields(PoolSpec)} - {"pod_template"}
         pools: dict[str, PoolSpec] = {}
         for sku, raw in _mapping(data.get("pools"), "pools").items():
             raw = dict(_mapping(raw, f"pool {sku!r}"))
@@ -308,6 +420,9 @@ class Catalog:
                 name = sorted(bad)[0]
                 raise UnknownField(f"unknown key {name!r} in pool {sku!r}", field=name)
             raw["sku"] = sku
+            if isinstance(raw.get("template"), Mapping):
+                raw["pod_template"] = PodTemplate.from_mapping(raw["template"], sku)
+                raw["template"] = f"t-{raw['pod_template'].digest}"
             if "preload" in raw:
                 if not isinstance(raw["preload"], list | tuple):
                     raise InvalidRequest(f"pool {sku!r}: preload is a list of module names",

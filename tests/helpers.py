@@ -27,12 +27,14 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from broker.keys import load_or_create_key
 from broker.service import Broker
 from broker.settings import Settings
 from functions.sdk import Client
 from gateway.app import create_app
 from gateway.auth import Authenticator, Role
 from gateway.harness import free_port, kill_pods
+from pod_runtime.agent_auth import agent_key, bearer, pod_secret
 from pod_runtime.localpod import UnixHTTPConnection
 from pool_manager.backends.fake import FakeBackend
 
@@ -111,13 +113,20 @@ def threaded_broker(
             kill_pods(home)
 
 
+def agent_headers(home: Path, pod: str) -> dict[str, str]:
+    """What a call to pod ``pod``'s agent must carry: its secret, derived from the signing key
+    of the broker whose home is ``home`` (``pod_runtime.agent_auth``)."""
+    key = agent_key(load_or_create_key(home / "signing.key"))
+    return bearer(pod_secret(key, pod))
+
+
 def agent_health(home: Path, pod: str) -> dict[str, Any]:
     """The ``/healthz`` answer of local pod ``pod``'s agent (its endpoint from the pod's
     record under ``home``): ``attempts`` lists the attempts it holds."""
     endpoint = json.loads((home / "pods" / f"{pod}.json").read_text())["endpoint"]
     agent = UnixHTTPConnection(endpoint.removeprefix("unix:"), 10.0)
     try:
-        agent.request("GET", "/healthz")
+        agent.request("GET", "/healthz", headers=agent_headers(home, pod))
         answer: dict[str, Any] = json.loads(agent.getresponse().read())
         return answer
     finally:

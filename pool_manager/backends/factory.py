@@ -8,16 +8,32 @@ check a name against) loads neither.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from functions.errors import InvalidRequest
 from pool_manager.backends.base import PodBackend
 
-BACKEND_KINDS = ("local", "fake")
+BACKEND_KINDS = ("local", "fake", "kubernetes")
 """The backends a broker can be built on: ``local`` (a ``pod_runtime`` agent process per pod on
-this machine, the default) and ``fake`` (in-memory pods running attempts in the broker's own
-process, for fast tests: ``pool_manager/backends/fake.py`` says what it does not emulate)."""
+this machine, the default), ``kubernetes`` (a Kubernetes pod per pod, from its pool's
+template: ``pool_manager/backends/kubernetes.py``) and ``fake`` (in-memory pods running
+attempts in the broker's own process, for fast tests: ``pool_manager/backends/fake.py`` says
+what it does not emulate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesOptions:
+    """What the kubernetes backend is told (the broker's ``k8s_*`` settings)."""
+
+    namespace: str = "default"
+    create_qps: float = 20.0
+    """Pod creates per second, at most."""
+    agent_port: int = 8090
+    """Where every pod's agent listens, at its pod IP."""
+    kubeconfig: Path | None = None
+    """None: the in-cluster configuration."""
 
 
 def make_backend(
@@ -28,6 +44,8 @@ def make_backend(
     sandbox: bool | None = None,
     gpus: Mapping[str, tuple[str, ...]] | None = None,
     private: Sequence[Path] = (),
+    agent_key: bytes | None = None,
+    kubernetes: KubernetesOptions | None = None,
 ) -> PodBackend:
     """The backend ``kind`` names, keeping its pods' state under ``root``.
 
@@ -35,7 +53,9 @@ def make_backend(
     store's ``open``): fake pods read packages through it, local pods fetch signed URLs.
     ``sandbox``, ``gpus`` (the catalog's declared cards per accelerator) and ``private``
     (directories no pod may see: the broker's state; the operator's home directory is added)
-    concern local pods only. ``InvalidRequest`` naming the known backends for any other
+    concern local pods only. ``agent_key`` (``pod_runtime.agent_auth.agent_key``): what each
+    pod's agent secret is derived from (local and Kubernetes pods). ``kubernetes``: the
+    kubernetes backend's options. ``InvalidRequest`` naming the known backends for any other
     ``kind``."""
     if kind == "local":
         from pool_manager.backends.gpus import GpuInventory
@@ -46,7 +66,14 @@ def make_backend(
             sandbox=sandbox,
             gpus=GpuInventory(gpus or {}),
             private=[*private, *operator_home()],
+            agent_key=agent_key,
         )
+    if kind == "kubernetes":
+        from pool_manager.backends.kubernetes import KubernetesBackend
+
+        if agent_key is None:
+            raise ValueError("Kubernetes pods need an agent key: anyone could call them")
+        return KubernetesBackend.connect(kubernetes or KubernetesOptions(), agent_key)
     if kind == "fake":
         from pool_manager.backends.fake import FakeBackend
 

@@ -28,11 +28,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pod_runtime.agent_auth import SECRET_ENV, pod_secret, tcp_endpoint
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command, sandbox_status
 from pool_manager.backends.base import BackendPod, CreateFailed
@@ -146,6 +148,32 @@ def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: flo
     reap()
 
 
+def spawn_agent(argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
+    """Start a pod's agent (``argv``, environment ``env``, stdout and stderr appended to
+    ``log``) in a session of its own; its pid. posix_spawn rather than Popen: the pod must
+    outlive us, and a Popen handle never waited on would be reported as leaked (the caller
+    reaps it). Raises ``OSError`` when it cannot be started."""
+    return os.posix_spawnp(
+        argv[0],
+        list(argv),
+        dict(env),
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
+
+
+def free_tcp_port(host: str) -> int:
+    """A port nothing listens on at ``host`` now (the kernel's pick; another process may take
+    it before the agent binds it, and the pod then dies before it is ready)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class LocalBackend:
     """Pods as local agent processes under ``root``."""
 
@@ -156,8 +184,16 @@ class LocalBackend:
         sandbox: bool | None = None,
         gpus: GpuInventory | None = None,
         private: Sequence[Path] = (),
+        agent_key: bytes | None = None,
+        tcp_host: str | None = None,
     ):
-        """``private``: directories no pod may see besides ``root`` (the broker's state)."""
+        """``private``: directories no pod may see besides ``root`` (the broker's state).
+        ``agent_key`` (``pod_runtime.agent_auth.agent_key``): each pod's agent gets its secret
+        derived from it in its environment, and answers only calls carrying it; None: no
+        secret (unix sockets only). ``tcp_host``: pods listen on TCP at this address (a free
+        port each) instead of their unix socket; needs ``agent_key``."""
+        if tcp_host is not None and agent_key is None:
+            raise ValueError("pods on TCP need an agent key: anyone could call them")
         self.root = root.resolve()  # pods run elsewhere (their own cwd): never relative
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python
@@ -165,6 +201,8 @@ class LocalBackend:
         self.private = (self.root, *(Path(p).resolve() for p in private))
         self.gpus = gpus or GpuInventory({})
         self._children: set[int] = set()
+        self.agent_key = agent_key
+        self.tcp_host = tcp_host
 
     def _reap(self) -> None:
         """Collect exit statuses of agents we spawned that have exited (no zombies)."""
@@ -220,11 +258,16 @@ class LocalBackend:
         cards = self._assign_gpus(pool, role, gpu)
         gpu = cards[0] if cards else None
         pod_dir.mkdir(parents=True)
-        socket = pod_dir / SOCKET_NAME
+        if self.tcp_host is None:
+            listen = endpoint = f"unix:{pod_dir / SOCKET_NAME}"
+        else:
+            port = free_tcp_port(self.tcp_host)
+            listen = f"tcp:{self.tcp_host}:{port}"
+            endpoint = tcp_endpoint(self.tcp_host, port, name)
         argv = agent_command(
             pod_name=name,
             pod_dir=pod_dir,
-            listen=f"unix:{socket}",
+            listen=listen,
             python=self.python,
             preload=pool.preload,
             zygote=pool.zygote,
@@ -244,30 +287,15 @@ class LocalBackend:
             "gpu": gpu,
             "created": created,
             "template": pool.template,
-            "endpoint": f"unix:{socket}",
+            "endpoint": endpoint,
             "annotations": {},
         }
         self._write_meta(name, meta)
-        # posix_spawn rather than Popen: the pod must outlive us, and a Popen handle we never
-        # wait on would be reported as leaked. Our own children are reaped in ``_reap``.
+        env = pod_environment(os.environ)
+        if self.agent_key is not None:
+            env[SECRET_ENV] = pod_secret(self.agent_key, name)
         try:
-            pid = os.posix_spawnp(
-                argv[0],
-                argv,
-                pod_environment(os.environ),
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                    (
-                        os.POSIX_SPAWN_OPEN,
-                        1,
-                        str(pod_dir / "agent.log"),
-                        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                        0o644,
-                    ),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                ],
-                setsid=True,
-            )
+            pid = spawn_agent(argv, env, pod_dir / "agent.log")
         except OSError as exc:  # a failed create leaves nothing behind (base.CreateFailed)
             self._kill(name)
             raise CreateFailed(f"pod {name} could not be started: {exc}") from exc
@@ -279,7 +307,7 @@ class LocalBackend:
             sku=pool.sku,
             role=role,
             created=created,
-            endpoint=f"unix:{socket}",
+            endpoint=endpoint,
             gpu=gpu,
             template=pool.template,
         )

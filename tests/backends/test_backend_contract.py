@@ -1,10 +1,13 @@
 """The pod backend contract (``pool_manager/backends/base.py``), held against every backend.
 
 Each test runs once per backend: ``local`` (real ``pod_runtime`` agent processes, so its
-cases are few and make one or two pods each) and ``fake`` (in-memory pods in this event loop).
-A ``Harness`` gives what differs between them: a new backend object over the same state, a
-way to make a pod die (``stop_pod`` for a local pod, as an operator's kill; ``kill`` for a
-fake one) and a create that the backend must refuse.
+cases are few and make one or two pods each), ``kubernetes`` (against kmock's emulated API
+server, with a node emulator starting a real agent per pod: ``k8s_node_emulator``) and
+``fake`` (in-memory pods in this event loop). A ``Harness`` gives what differs between them: a
+new backend object over the same state, a way to make a pod die (``stop_pod`` for a local or
+emulated-node pod, as an operator's kill; ``kill`` for a fake one), the pool the tests create
+pods of, and a create that the backend must refuse. Every agent call carries the pod's secret
+(``AgentClient(KEY)``), as the broker's do.
 """
 
 from __future__ import annotations
@@ -20,13 +23,20 @@ from typing import Any, BinaryIO
 import pytest
 
 from broker.agent_client import AgentClient
+from pod_runtime.agent_auth import agent_key
 from pool_manager.backends.base import BackendPod, CreateFailed, PodBackend
 from pool_manager.backends.fake import FakeBackend
 from pool_manager.backends.gpus import GpuInventory
-from pool_manager.backends.local import LocalBackend, stop_pod
-from pool_manager.catalog import PoolSpec
+from pool_manager.backends.kubernetes import KubernetesBackend
+from pool_manager.backends.kubernetes_api import KubeApi, connect
+from pool_manager.backends.local import LocalBackend, free_tcp_port, stop_pod
+from pool_manager.catalog import PodTemplate, PoolSpec
+from tests.backends.k8s_node_emulator import NAMESPACE, emulated_cluster
 
+KEY = agent_key(b"contract".ljust(32))
 CPU = PoolSpec(sku="cpu")
+CPU_TEMPLATE = PoolSpec(sku="cpu", pod_template=PodTemplate(image="firepool-pod:test"))
+"""The same pool with a pod template, as the kubernetes backend needs."""
 GPU = PoolSpec(sku="gpu", accelerator="no-such-card")
 """A GPU pool no machine has a card of: a local create must fail."""
 READY_S = 30.0
@@ -46,26 +56,47 @@ class Harness:
     """Make the pod die as a crash or an operator's kill would."""
     refusing: Callable[[], tuple[PodBackend, PoolSpec]]
     """A backend and a pool whose next create the backend cannot carry out."""
+    cpu: PoolSpec = CPU
+    """The pool the tests make pods of."""
 
 
-@pytest.fixture(params=["local", "fake"])
+@pytest.fixture(params=["local", "kubernetes", "fake"])
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
     root = tmp_path / "pods"
+
+    async def kill_process(name: str) -> None:
+        await asyncio.to_thread(stop_pod, root / name)
+
     if request.param == "local":
-
-        async def kill_local(name: str) -> None:
-            await asyncio.to_thread(stop_pod, root / name)
-
         yield Harness(
             "local",
             root,
-            lambda: LocalBackend(root),
-            kill_local,
-            lambda: (LocalBackend(root, gpus=GpuInventory({})), GPU),
+            lambda: LocalBackend(root, agent_key=KEY),
+            kill_process,
+            lambda: (LocalBackend(root, gpus=GpuInventory({}), agent_key=KEY), GPU),
         )
         survivors = LocalBackend(root)
         for pod in await survivors.list():
             await survivors.delete(pod.name)
+        return
+    if request.param == "kubernetes":
+        with emulated_cluster(root) as cluster:
+            kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+            port = free_tcp_port("127.0.0.1")
+            made: list[KubernetesBackend] = []
+
+            def kubernetes() -> KubernetesBackend:
+                api = KubeApi(connect(kubeconfig), NAMESPACE)
+                made.append(KubernetesBackend(api, KEY, agent_port=port, ip_timeout_s=30))
+                return made[-1]
+
+            yield Harness("kubernetes", root, kubernetes, kill_process,
+                          lambda: (kubernetes(), CPU), CPU_TEMPLATE)  # fmt: skip
+            survivors = kubernetes()
+            for pod in await survivors.list():
+                await survivors.delete(pod.name)
+            for backend in made:
+                await backend.close()
         return
     fake = FakeBackend(root, no_packages)
     yield Harness(
@@ -80,7 +111,7 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 @pytest.fixture
 async def agents() -> AsyncIterator[AgentClient]:
-    client = AgentClient()
+    client = AgentClient(KEY)
     yield client
     await client.close()
 
@@ -110,7 +141,7 @@ async def test_a_created_pod_is_listed_alive_and_answers_its_health_probe(
     harness: Harness, agents: AgentClient
 ) -> None:
     backend = harness.new_backend()
-    pod = await backend.create("cpu-a", CPU)
+    pod = await backend.create("cpu-a", harness.cpu)
     assert (pod.name, pod.sku, pod.role, pod.annotations) == ("cpu-a", "cpu", "active", {})
     assert pod.endpoint.startswith(("unix:", "tcp:"))
     assert await ready(agents, pod)
@@ -119,14 +150,14 @@ async def test_a_created_pod_is_listed_alive_and_answers_its_health_probe(
     assert listed(await backend.list())["cpu-a"].alive
     assert not await backend.exited("cpu-a")
     with pytest.raises(ValueError, match="exists"):  # names are unique
-        await backend.create("cpu-a", CPU)
+        await backend.create("cpu-a", harness.cpu)
 
 
 async def test_a_deleted_pod_is_gone_and_deleting_again_is_no_error(
     harness: Harness, agents: AgentClient
 ) -> None:
     backend = harness.new_backend()
-    pod = await backend.create("cpu-a", CPU)
+    pod = await backend.create("cpu-a", harness.cpu)
     assert await ready(agents, pod)
     await backend.delete("cpu-a")
     assert "cpu-a" not in listed(await backend.list())
@@ -141,7 +172,7 @@ async def test_annotations_merge_none_removes_and_a_gone_pod_is_no_error(
     harness: Harness,
 ) -> None:
     backend = harness.new_backend()
-    await backend.create("cpu-a", CPU)
+    await backend.create("cpu-a", harness.cpu)
     await backend.annotate("cpu-a", {"firepool/owner": "alice", "firepool/tag": "t1"})
     await backend.annotate("cpu-a", {"firepool/tag": None, "firepool/hold-until": "12.5"})
     pod = listed(await backend.list())["cpu-a"]
@@ -157,7 +188,7 @@ async def test_a_new_backend_over_the_same_state_lists_the_pods_the_old_one_made
 ) -> None:
     """What a restarted broker rebuilds its view from (paper A.1)."""
     old = harness.new_backend()
-    made = await old.create("cpu-a", CPU)
+    made = await old.create("cpu-a", harness.cpu)
     await old.annotate("cpu-a", {"firepool/owner": "alice"})
     await old.close()
     new = harness.new_backend()
@@ -184,7 +215,7 @@ async def test_a_pod_that_dies_is_exited_and_listed_dead_until_deleted(
     harness: Harness, agents: AgentClient
 ) -> None:
     backend = harness.new_backend()
-    pod = await backend.create("cpu-a", CPU)
+    pod = await backend.create("cpu-a", harness.cpu)
     assert await ready(agents, pod)
     await harness.kill("cpu-a")
 
@@ -211,7 +242,7 @@ async def test_an_attempt_runs_end_to_end_through_the_agent_protocol(
     """What the broker's executor and recycler do with a pod: run (waiting, and not), read
     the result and the log, acknowledge, reset."""
     backend = harness.new_backend()
-    pod = await backend.create("cpu-a", CPU)
+    pod = await backend.create("cpu-a", harness.cpu)
     assert await ready(agents, pod)
 
     status, result = await agents.start(

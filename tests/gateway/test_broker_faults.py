@@ -30,7 +30,13 @@ from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, EXAMPLES, agent_pid, wait_running
-from tests.helpers import ThreadedBroker, make_wheel, threaded_broker, wait_at_agent
+from tests.helpers import (
+    ThreadedBroker,
+    agent_headers,
+    make_wheel,
+    threaded_broker,
+    wait_at_agent,
+)
 
 FAULT = "raise inside the executor"
 
@@ -172,7 +178,7 @@ def test_an_attempt_the_agent_ended_on_its_own_is_a_lost_pod_not_a_cancel(
                 served.broker.pods.endpoints[pod].removeprefix("unix:"), 10.0
             )
             try:
-                agent.request("POST", "/reset", body=b"{}")
+                agent.request("POST", "/reset", body=b"{}", headers=agent_headers(served.home, pod))
                 # The broker may delete the pod (lost under its job) before the agent
                 # answers this reset: then the connection closes with no answer.
                 with contextlib.suppress(http.client.RemoteDisconnected, ConnectionError):

@@ -16,7 +16,7 @@ from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.localpod import UnixHTTPConnection
 from tests.conftest import BEHAVIOURS, cancel_with_agent_stopped, wait_running
-from tests.helpers import threaded_broker, wait_at_agent
+from tests.helpers import agent_headers, threaded_broker, wait_at_agent
 
 CATALOG = (
     "budgets: {cpu: 8}\n"
@@ -219,7 +219,7 @@ def test_a_log_not_yet_archived_when_the_broker_stopped_is_kept_by_the_next(
         endpoint = json.loads((home / "pods" / f"{pod}.json").read_text())["endpoint"]
         agent = UnixHTTPConnection(endpoint.removeprefix("unix:"), 10.0)
         try:
-            agent.request("GET", "/healthz")
+            agent.request("GET", "/healthz", headers=agent_headers(home, pod))
             held = json.loads(agent.getresponse().read())["attempts"]
         finally:
             agent.close()
