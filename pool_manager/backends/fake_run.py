@@ -79,9 +79,13 @@ class FakeAttempt(AgentAttempt):
 
     thread: threading.Thread | None = None
     """An entrypoint's thread: alive while the function runs, a timeout or cancel included."""
+    returned: bool = False
+    """Set by the thread once the function returned or raised: what the thread does after
+    (hand the outcome to the loop, exit) runs no user code."""
 
     def running_thread(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        """Whether the function still runs in its thread (a timed-out or cancelled call)."""
+        return self.thread is not None and self.thread.is_alive() and not self.returned
 
 
 async def run_attempt(
@@ -168,6 +172,7 @@ async def _run_entrypoint(attempt: FakeAttempt, layout: PodLayout) -> None:
             outcome = call_entrypoint(pkg, spec.entrypoint or "", spec.input, attempt.log)
         except BaseException as exc:  # the log could not be opened: settle all the same
             outcome = _failure(exc, "the fake pod could not make the call: "), time.time()
+        attempt.returned = True
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(settle, outcome)
 
