@@ -118,6 +118,8 @@ BAD_VALUES = {
     "a literal secret in env": {"broker": {"env": {"AWS_SECRET_ACCESS_KEY": "hunter2"}}},
     "an unknown tag mode": {"catalog": {"pools": {"cpu": {"tag_mode": "sometimes"}}}},
     "an unknown package store": {"packageStore": {"kind": "ftp"}},
+    "the s3 store without a bucket": {"packageStore": {"kind": "s3"}},
+    "an object store endpoint that is no URL": {"objectStore": {"endpoint": "minio:9000"}},
 }
 
 
