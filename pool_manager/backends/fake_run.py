@@ -225,7 +225,10 @@ def call_entrypoint(
             traceback.print_exception(exc)
             return _failure(exc), first_instruction
         finally:
-            for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+            # ``list`` copies the keys in one step under the GIL: other calls' threads import
+            # meanwhile, and iterating the live dict would fail when it changes size.
+            names = list(sys.modules)
+            for name in [m for m in names if m == prefix or m.startswith(prefix + ".")]:
                 sys.modules.pop(name, None)
     return _checked_output(output), first_instruction
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from simulator.arms import arm_names
 from simulator.experiment import Task, Workload, run_many
 from simulator.venue import load_venue
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _tasks(n: int, workload: Workload | None = None) -> list[Task]:
     venue, arms = load_venue("prod-cpu"), arm_names("reuse-on,reuse-off")
@@ -20,27 +24,56 @@ def _tasks(n: int, workload: Workload | None = None) -> list[Task]:
     return [(venue, arms[k % 2], wl, 1 + k // 2, None) for k in range(n)]
 
 
+def _in_a_fresh_process(code: str) -> str:
+    """Run ``code`` (after ``_PRELUDE``) in a new interpreter and return what it printed.
+
+    ``run_many`` forks only from a single-threaded process, and a test worker may hold daemon
+    threads other tests left (a fake pod's call that ran past its timeout): there the fork
+    tests would test nothing, so they run where no other thread can be."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+_PRELUDE = """
+import os, threading, time
+from simulator import experiment
+from simulator.arms import arm_names
+from simulator.experiment import Workload, run_many
+from simulator.venue import load_venue
+
+def tasks(n):
+    venue, arms = load_venue("prod-cpu"), arm_names("reuse-on,reuse-off")
+    return [(venue, arms[k % 2], Workload("w-rl"), 1 + k // 2, None) for k in range(n)]
+
+assert threading.active_count() == 1, "run_many would not fork: this would test nothing"
+"""
+
+
 def test_forked_workers_return_every_result_in_task_order() -> None:
-    assert threading.active_count() == 1, "run_many would not fork: this would test nothing"
-    tasks = _tasks(7)
-    serial = run_many(tasks, 1)
-    for workers in (2, 3, 16):
-        assert run_many(tasks, workers) == serial
+    out = _in_a_fresh_process("""
+        serial = run_many(tasks(7), 1)
+        print(all(run_many(tasks(7), workers) == serial for workers in (2, 3, 16)))
+    """)
+    assert out.split() == ["True"]
 
 
-def test_runs_are_spread_over_the_parent_and_its_children(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    real = experiment._run_task
+def test_runs_are_spread_over_the_parent_and_its_children() -> None:
+    out = _in_a_fresh_process("""
+        real = experiment._run_task
 
-    def run_task(task: Task) -> tuple[experiment.RunMetrics, int]:
-        time.sleep(0.02)  # long enough that a child started late still takes a task
-        return real(task)[0], os.getpid()  # which process ran it, in place of the job count
+        def run_task(task):
+            time.sleep(0.02)  # long enough that a child started late still takes a task
+            return real(task)[0], os.getpid()  # which process ran it, not the job count
 
-    monkeypatch.setattr(experiment, "_run_task", run_task)
-    pids = [pid for _, pid in run_many(_tasks(8), 2)]
-    assert os.getpid() in pids, "the calling process runs a share itself"
-    assert len(set(pids)) == 2
+        experiment._run_task = run_task
+        pids = [pid for _, pid in run_many(tasks(8), 2)]
+        print(os.getpid() in pids, len(set(pids)))
+    """)
+    assert out.split() == ["True", "2"], "the caller runs a share itself, one child the rest"
 
 
 def test_an_error_in_any_worker_reaches_the_caller() -> None:
