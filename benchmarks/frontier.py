@@ -59,6 +59,9 @@ def catalog_yaml(catalog: Catalog) -> str:
         knobs = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
         del knobs["sku"]
         knobs["preload"] = list(knobs["preload"])
+        pod_template = knobs.pop("pod_template")  # the catalog file's ``template`` mapping
+        if pod_template is not None:
+            knobs["template"] = pod_template.to_json()
         pools[sku] = knobs
     return yaml.safe_dump({"budgets": dict(catalog.budgets), "pools": pools}, sort_keys=False)
 

@@ -82,7 +82,9 @@ def test_in_switch_mode_a_new_session_ends_every_pod_of_the_callers_prior_sessio
     switch_pool: BrokerServer,
 ) -> None:
     with switch_pool.client("switch-ann") as fp, ThreadPoolExecutor(2) as pool:
-        long = pool.submit(fp.invoke, "sleep", 1.5, lease_tag="s1")
+        # Long enough that s2's new pod (no spare pods here) starts while s1 runs, even on a
+        # loaded machine: s1 ending first would leave its pod held for s2 to recycle.
+        long = pool.submit(fp.invoke, "sleep", 5, lease_tag="s1")
         deadline = time.monotonic() + 30
         while not fp.jobs(state="running"):  # s1 holds its pod: s2 needs a pod of its own
             assert time.monotonic() < deadline, "s1 never ran"
