@@ -43,7 +43,7 @@ from gateway.auth import Authenticator, Principal, Role
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, http_status
 from gateway.metrics import render_metrics
-from gateway.openapi import build_openapi
+from gateway.openapi import build_openapi, with_pools
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
 log = logging.getLogger("firepool.api")
@@ -422,7 +422,7 @@ async def metrics(request: Request) -> Response:
 
 @queries()
 async def openapi(request: Request) -> Response:
-    return JSONResponse(OPENAPI)
+    return JSONResponse(request.app.state.openapi)
 
 
 async def firepool_error(request: Request, exc: Exception) -> Response:
@@ -522,6 +522,8 @@ def create_app(broker: Broker) -> Starlette:
         },
     )
     app.state.broker = broker
+    gangs = {sku: broker.catalog.largest_gang(sku) for sku in broker.catalog.pools}
+    app.state.openapi = with_pools(OPENAPI, gangs)
     settings = broker.settings
     app.state.auth = Authenticator(broker.signing_key, settings.audience, settings.token_cache_size)
     return app
