@@ -41,7 +41,7 @@ from functions.nesting import MAX_NESTING, nests_deeper
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from gateway.auth import Authenticator, Principal, Role
 from gateway.decoding import Field, decode, string_map
-from gateway.errors import error_body, http_status
+from gateway.errors import error_body, error_headers, http_status
 from gateway.metrics import render_metrics
 from gateway.openapi import build_openapi, with_pools
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
@@ -427,7 +427,7 @@ async def openapi(request: Request) -> Response:
 
 async def firepool_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FirepoolError)
-    return JSONResponse(error_body(exc), status_code=http_status(exc))
+    return JSONResponse(error_body(exc), status_code=http_status(exc), headers=error_headers(exc))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -449,7 +449,9 @@ async def unexpected_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, SQLAlchemyError):
         log.error("%s %s: the job store failed: %r", request.method, request.url.path, exc)
         error = Unavailable("the job store failed; try again")
-        return JSONResponse(error_body(error), status_code=http_status(error))
+        return JSONResponse(
+            error_body(error), status_code=http_status(error), headers=error_headers(error)
+        )
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     body = {"error": {"class": str(ErrorClass.INTERNAL), "message": "internal error (logged)"}}
     return JSONResponse(body, status_code=500)

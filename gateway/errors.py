@@ -20,8 +20,21 @@ STATUS: dict[ErrorClass, int] = {
 }
 
 
+RETRY_AFTER_S = 2
+"""What a 503 ``Unavailable`` tells a client to wait (``Retry-After``) before it tries again:
+a job store failing for a moment, or a broker restarting, is back within seconds, and a
+client that retries at once only adds load to a store coming back."""
+
+
 def http_status(error: FirepoolError) -> int:
     return STATUS.get(error.error_class, 500)
+
+
+def error_headers(error: FirepoolError) -> dict[str, str]:
+    """The headers beside ``error``'s body: ``Retry-After`` on every 503."""
+    if http_status(error) == 503:
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return {}
 
 
 def error_body(error: FirepoolError) -> dict[str, object]:

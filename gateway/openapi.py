@@ -249,6 +249,12 @@ def _op(
         "500": {"description": "an internal error (logged)", "content": _json(_ERROR)},
         "503": {
             "description": "the broker is shutting down, or its job store failed: try again",
+            "headers": {
+                "Retry-After": {
+                    "description": "seconds to wait before trying again",
+                    "schema": {"type": "integer", "minimum": 0},
+                }
+            },
             "content": _json(_ERROR),
         },
     }
