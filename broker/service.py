@@ -10,6 +10,7 @@ takes it up again (``broker.recovery``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import random
@@ -38,7 +39,7 @@ from broker.settings import Settings, private_home
 from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
-from functions.errors import Forbidden, InvalidRequest, NotFound
+from functions.errors import Forbidden, InvalidRequest, NotFound, Unavailable
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, open_package_store
 from pool_manager.backends.base import PodBackend
@@ -51,6 +52,8 @@ from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.broker")
+OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a write to a full filesystem (or past a quota)."""
 
 
 _ids = random.Random(secrets.randbits(128))
@@ -294,12 +297,21 @@ class Broker:
         """Store the bytes ``chunks`` yields under ``digest`` (streamed: one chunk in memory;
         refused unless they hash to it, and, ``is_zip``, unless the pod's agent would extract
         them) and record ``caller`` as one who uploaded them. Returns the size and whether
-        the bytes were new to the store."""
+        the bytes were new to the store. A store out of space refuses with ``Unavailable``
+        (503, try again), its partial upload removed, and the broker serves on."""
         check = check_package_file if is_zip else None
-        with self.packages.upload(digest) as upload:
-            async for chunk in chunks:
-                upload.write(chunk)
-            created = await asyncio.to_thread(upload.commit, check)
+        try:
+            with self.packages.upload(digest) as upload:
+                async for chunk in chunks:
+                    upload.write(chunk)
+                created = await asyncio.to_thread(upload.commit, check)
+        except OSError as exc:
+            if exc.errno not in OUT_OF_SPACE:
+                raise
+            log.error("package %s not stored: %s", digest, exc)
+            raise Unavailable(
+                f"the package store is out of space ({exc.strerror}); try again later"
+            ) from None
         await self.jobs.put_package(digest, upload.size, caller)
         return upload.size, created
 
