@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +20,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from broker.executor import GRACE_S
+from broker.recovery import PROBE_TRIES
 from functions.sdk import ApiError
 from gateway.auth import Role
 from gateway.errors import RETRY_AFTER_S
 from gateway.harness import kill_pods, start_broker
-from tests.conftest import BEHAVIOURS, wait_running
-from tests.helpers import agent_health
+from tests.conftest import BEHAVIOURS, agent_pid, wait_running
+from tests.helpers import agent_health, wait_at_agent
 from tests.tcp_proxy import tcp_proxy
 
 CATALOG = "budgets: {cpu: 8}\npools:\n  cpu: {min_count: 2, max_idle_count: 2, max_count: 4}\n"
@@ -158,3 +162,94 @@ def test_a_full_log_archive_keeps_what_fits_and_the_pod_serves_the_next_job(
     assert 0 < len(kept) <= 64 * 1024 and kept.startswith(b"line 00000000 "), len(kept)
     assert quiet["attempts"][0]["pods"] == [pod]
     assert loud["attempts"][0]["id"] not in held, "the agent was never told to forget it"
+
+
+def test_a_hung_agent_still_ends_its_job_at_the_deadline_and_its_pod_is_retired(
+    tmp_path: Path,
+) -> None:
+    """The pod's agent stops (SIGSTOP) while its job runs: the attempt still ends at its
+    deadline (``timeout_s`` and the grace), not when the agent wakes (never, here), as
+    ``PodLost``; the pod is deleted, never handed to another job; the retry runs on a new pod
+    and ends as ``Timeout``."""
+    home = tmp_path / "home"
+    server = start_broker(home, CATALOG)
+    agent = 0
+    try:
+        with server.client("dev", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="sleepy", sku="cpu", entrypoint="behaviours:sleep")
+        with server.client("user") as fp:
+            job_id = fp.submit("sleepy", 600, timeout_s=4)
+            pod = wait_at_agent(home, wait_running(fp, job_id))
+            agent = agent_pid(pod)
+            os.kill(agent, signal.SIGSTOP)
+            started = time.monotonic()
+            job = fp.wait(job_id, timeout_s=90)
+            took = time.monotonic() - started
+            record = home / "pods" / f"{pod}.json"
+            deadline = time.monotonic() + 30
+            while record.exists():
+                assert time.monotonic() < deadline, f"{pod} was not retired"
+                time.sleep(0.1)
+            after = fp.invoke("sleepy", 0)
+    finally:
+        if agent:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGCONT)
+        server.stop()
+        kill_pods(home)
+    hung = job["attempts"][0]
+    assert hung["pods"] == [pod] and hung["error"]["class"] == "PodLost", job
+    # The attempt's deadline: its timeout_s and the grace its agent has to answer (the
+    # broker's own clock; the margin is for a loaded machine, far below "never").
+    assert hung["finished"] - hung["started"] < 4 + GRACE_S + 15, hung
+    assert took < 4 + GRACE_S + 60, took
+    assert job["state"] == "FAILED" and job["error"]["class"] == "Timeout", job
+    assert all(pod not in a["pods"] for a in job["attempts"][1:] + after["attempts"])
+    assert after["state"] == "SUCCEEDED", after
+
+
+def _wake_once_unanswered(home: Path, pod: str, agent: int) -> None:
+    """Resume ``agent`` once the broker's log says recovery found ``pod`` silent (or after
+    60 s: a broker that never asks again never says so)."""
+    unanswered = f"pod {pod} did not answer (try 1 of {PROBE_TRIES})"
+    deadline = time.monotonic() + 60
+    log = home / "broker.log"
+    while unanswered not in log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(agent, signal.SIGCONT)
+
+
+def test_a_pod_silent_for_a_moment_at_recovery_keeps_its_job(tmp_path: Path) -> None:
+    """The broker is killed while a job runs, and the job's agent is stopped (SIGSTOP) across
+    the restart until the new broker's recovery has found it silent once: recovery asks it
+    again (``PROBE_TRIES``, backing off) rather than deleting the pod after one unanswered
+    probe, so the job is re-attached and runs once."""
+    home = tmp_path / "home"
+    server = start_broker(home, CATALOG)
+    agent = 0
+    try:
+        with server.client("dev", Role.DEPLOY) as fp:
+            fp.deploy(BEHAVIOURS, name="sleepy", sku="cpu", entrypoint="behaviours:sleep")
+        with server.client("user") as fp:
+            job_id = fp.submit("sleepy", 8)
+            pod = wait_at_agent(home, wait_running(fp, job_id))
+        agent = agent_pid(pod)
+        port = int(server.url.rsplit(":", 1)[1])
+        server.kill()
+        os.kill(agent, signal.SIGSTOP)
+        wake = threading.Thread(target=_wake_once_unanswered, args=(home, pod, agent))
+        wake.start()
+        server = start_broker(home, CATALOG, port=port)
+        with server.client("user") as fp:
+            job = fp.wait(job_id, timeout_s=90)
+        wake.join()
+        log = server.log()
+    finally:
+        if agent:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGCONT)
+        server.stop()
+        kill_pods(home)
+    assert (job["state"], job["output"], job["retries"]) == ("SUCCEEDED", "slept", 0), job
+    assert [a["pods"] for a in job["attempts"]] == [[pod]], job["attempts"]
+    assert f"pod {pod} did not answer (try 1 of {PROBE_TRIES})" in log, log[-3000:]
