@@ -7,9 +7,10 @@ loop (each request sent at its time, whether or not earlier ones were answered),
 1. the ramp: ``--step-s`` seconds at each offered rate, from ``--start-rps`` up by
    ``--factor`` a step, until a step's p99 passes ``--p99-ms`` or a request fails (or
    ``--max-steps``); the knee is the last rate that held;
-2. the hold: 80% of the knee for ``--hold-s`` seconds, the broker's resident memory read
-   before and after it;
-3. every job a request was given (a 200, or a 202 still running) is read until it has ended.
+2. every job the ramp was given (a 200, or a 202 still running) is read until it has ended:
+   the step past the knee leaves a backlog, which the hold must not inherit;
+3. the hold: 80% of the knee for ``--hold-s`` seconds, the broker's resident memory read
+   before and after it, then every job it was given read until it has ended.
 
 The floor: bare Starlette (one JSON route, the same uvicorn loop and HTTP parser as the
 broker) served in its own process on this machine, in the same run, driven closed loop by
@@ -282,13 +283,15 @@ def run(
                 knee = rps
                 rps *= factor
             held_rps = 0.8 * (knee if knee is not None else start_rps)
+            admin = server.token("load-admin", Role.ADMIN)
+            ramped = [j for s in [warm, *steps] for j in s.accepted]
+            ended = Counter(asyncio.run(_settle(server.url, admin, ramped)))  # the backlog
             rss_before = rss_mib(server.proc.pid)
             hold = asyncio.run(offer(server.url, tokens, held_rps, hold_s, sent))
             rss_after = rss_mib(server.proc.pid)
             say(f"hold: {hold.report()}")
-            accepted = [j for s in [warm, *steps, hold] for j in s.accepted]
-            admin = server.token("load-admin", Role.ADMIN)
-            ended = asyncio.run(_settle(server.url, admin, accepted))
+            ended.update(asyncio.run(_settle(server.url, admin, hold.accepted)))
+            accepted = ramped + hold.accepted
         finally:
             server.stop()
             kill_pods(home)
@@ -307,7 +310,7 @@ def run(
         "hold": {**hold.report(), "seconds": hold_s},
         "errors_by_class": dict(errors),
         "accepted_jobs": len(accepted),
-        "ended_jobs_by_state": ended,
+        "ended_jobs_by_state": dict(ended),
         "jobs_not_ended": not_ended,
         "broker_rss_mib_before_hold": rss_before,
         "broker_rss_mib_after_hold": rss_after,
