@@ -69,6 +69,13 @@ _MISSES = {
 }  # fmt: skip
 
 
+RESTORED_HOLD_GRACE_S = 10.0
+"""After ``restore``, how long the scaler breaks no owner hold. A restart answers every caller
+503 or nothing for a moment, and its first pass sees at once the queued jobs recovery put back,
+before the dispatcher has placed them on their owners' held pods and before the owners' retried
+requests are back: a hold it broke then would be one the broker running on would have kept."""
+
+
 class Tracker:
     """Pods and their leases behind one lock. See the module docstring."""
 
@@ -88,6 +95,8 @@ class Tracker:
         self.ledger = ledger if ledger is not None else BudgetLedger(catalog.budgets)
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._reconcile_lock = threading.Lock()
+        self._holds_kept_until = float("-inf")
+        """Before this time (``restore``'s plus ``RESTORED_HOLD_GRACE_S``) no hold is broken."""
         self._specs: dict[str, PoolSpec] = dict(catalog.pools)
         self._release_terms = {
             sku: (spec, spec.hold_s, spec.tag_mode == "switch") for sku, spec in self._specs.items()
@@ -354,6 +363,8 @@ class Tracker:
                 actions: list[Action] = list(self._expire_locked(now))
                 rows = list(map(row_of, self._index.pods.values()))
             planned = plan(build_snapshot(rows, self._specs, now), demand, now, self.ledger)
+            if now < self._holds_kept_until:
+                planned = [a for a in planned if getattr(a, "reason", None) != "hold_broken"]
             if planned:
                 with self._lock:
                     index = self._index
@@ -392,7 +403,8 @@ class Tracker:
         """Rebuild everything from the backend's pods after a restart (``recovery``).
         ``jobs``: the store's RUNNING jobs by id, whose caller, queue and tag win over the
         pods' annotations. Returns deletes for pods this catalog cannot track, and for idle
-        pods marked to retire after a job that has ended."""
+        pods marked to retire after a job that has ended. No hold is broken for
+        ``RESTORED_HOLD_GRACE_S`` after ``now``."""
         with self._lock:
             self._index.clear_locked()
             self._usage.clear_locked()
@@ -404,6 +416,7 @@ class Tracker:
                 self._index, self.ledger, usage, self._specs, pods, now, jobs or {}
             )
             self._leases.update(leases)
+            self._holds_kept_until = now + RESTORED_HOLD_GRACE_S
             return orphans
 
     def mark_gpu_verified(self, gpu: str, exclusive: bool, now: float) -> None:
