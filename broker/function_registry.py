@@ -96,19 +96,17 @@ class FunctionRegistry:
     async def register(self, spec: FunctionSpec, as_admin: bool = False) -> FunctionSpec:
         """Validate and store a new version of ``spec``. Raises ``InvalidRequest`` naming
         the field for a spec no job of it could ever run: an unknown pool or resources no
-        pool fits (naming the largest pool), a gang larger
-        than the pool's ceiling or its accelerator's budget, a package not uploaded; and
-        ``Forbidden`` for a name another deployer owns (unless ``as_admin``)."""
+        pool fits (naming the largest pool), a gang larger than the pool's ceiling or its
+        accelerator's budget; ``NotFound`` naming the field for a package (or requirements
+        file) not uploaded, as ``HEAD /v1/packages`` answers it; and ``Forbidden`` for a name
+        another deployer owns (unless ``as_admin``)."""
         if spec.resources is not None:  # the smallest pool that fits (paper §4)
             chosen = self._catalog.smallest_fit(spec.resources)
             spec = dataclasses.replace(spec, sku=chosen.sku, resources=None)
         spec.validate()
         check_function_env(spec.env)
         pool = self._catalog.pool(spec.sku)
-        budget = self._catalog.budget(pool.accelerator)
-        most = pool.max_count
-        if budget is not None:
-            most = min(most, budget // max(1, pool.units_per_pod))
+        most = self._catalog.largest_gang(spec.sku)
         if spec.pods > most:
             raise InvalidRequest(
                 f"pods ({spec.pods}) exceeds what pool {spec.sku!r} can ever hold at once "
@@ -116,14 +114,14 @@ class FunctionRegistry:
                 field="pods",
             )
         if not await self.may_use_package(spec.package_digest, spec.owner, as_admin):
-            raise InvalidRequest(
+            raise NotFound(
                 "upload the package first (PUT /v1/packages/{sha256})", field="package_digest"
             )
         await asyncio.to_thread(self._check_package, spec.package_digest)
         if spec.requirements_digest and not await self.may_use_package(
             spec.requirements_digest, spec.owner, as_admin
         ):
-            raise InvalidRequest("upload the requirements file first", field="requirements")
+            raise NotFound("upload the requirements file first", field="requirements")
         self._forget_latest(spec.name)
         try:
             # Not cached here: of registrations racing, this one's version may not be the

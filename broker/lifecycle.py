@@ -174,7 +174,7 @@ class PodRecycler:
                     continue
                 try:
                     if rank == 0:
-                        await self.keep_logs(job_id, endpoint, attempt_id)
+                        await self._keep_what_fits(job_id, endpoint, attempt_id)
                         await asyncio.to_thread(self.logs.seal, job_id)
                     await self.agents.ack(endpoint, attempt_id)
                 except AgentUnreachable as exc:
@@ -186,6 +186,15 @@ class PodRecycler:
     async def drain(self) -> None:
         while self._archiving:
             await asyncio.wait(set(self._archiving.values()))
+
+    async def _keep_what_fits(self, job_id: str, endpoint: str, attempt_id: str) -> None:
+        """``keep_logs``, where a log archive that cannot be written (its disk full) keeps
+        what it took: the job's outcome is committed already, and its pods must still be
+        acknowledged and released, so the broker serves on with the log cut short."""
+        try:
+            await self.keep_logs(job_id, endpoint, attempt_id)
+        except OSError as exc:
+            log.error("the log of %s could not be archived whole: %s", attempt_id, exc)
 
     async def keep_logs(self, job_id: str, endpoint: str, attempt_id: str) -> None:
         """Archive rank 0's log of ``attempt_id`` as the job's, from its start."""

@@ -2,7 +2,9 @@
 
 Runs once at startup, before the dispatcher takes its first job. The job store is
 authoritative for job state; pod annotations are authoritative for ownership.
-  1. Pods: list the backend's pods and probe each live one's agent; a silent or dead pod is
+  1. Pods: list the backend's pods and probe each live one's agent, a few times
+     (``PROBE_TRIES``, backing off) before a silent one is given up: an agent that is slow
+     for a moment (a loaded host) keeps its pod and its job. A silent or dead pod is
      deleted. Pods not bound to a RUNNING job are reset (a crash may have come between a
      job's completion commit and its reset); an unclean one is deleted. The rest are restored
      with their ownership annotations (owner, tag, queue, release time, hold), so owner holds
@@ -41,6 +43,14 @@ if TYPE_CHECKING:
     from broker.service import Broker
 
 log = logging.getLogger("firepool.recovery")
+PROBE_TRIES = 4
+"""How many times recovery asks a live pod's agent (its health, its job's attempt) before it
+counts the pod lost."""
+PROBE_TIMEOUT_S = 3.0
+"""How long each of those asks waits for an answer."""
+PROBE_BACKOFF_S = 1.0
+"""The pause after the first unanswered ask, doubled after each later one: all pods are asked
+at once, so recovery waits at most ``PROBE_TRIES * PROBE_TIMEOUT_S`` plus the pauses (19 s)."""
 POD_LOST_ON_RESTART = "its pods were gone after a broker restart"
 
 
@@ -90,7 +100,16 @@ async def _live_pods(broker: Broker) -> tuple[dict[str, BackendPod], dict[str, l
     pods = await broker.backend.list()
 
     async def probe(pod: BackendPod) -> dict[str, Any] | None:
-        return await broker.agents.health(pod.endpoint, timeout=3.0) if pod.alive else None
+        if not pod.alive:
+            return None
+        for tried in range(1, PROBE_TRIES + 1):
+            report = await broker.agents.health(pod.endpoint, timeout=PROBE_TIMEOUT_S)
+            if report is not None:
+                return report
+            log.info("pod %s did not answer (try %d of %d)", pod.name, tried, PROBE_TRIES)
+            if tried < PROBE_TRIES:
+                await asyncio.sleep(PROBE_BACKOFF_S * 2 ** (tried - 1))
+        return None
 
     reports = await asyncio.gather(*(probe(p) for p in pods))
     live: dict[str, BackendPod] = {}
@@ -118,11 +137,18 @@ async def _probe_attempt(broker: Broker, job: Job, live: dict[str, BackendPod]) 
     attempt = job.attempts[-1]
     if not attempt.pods or not all(p in live for p in attempt.pods):
         return None
-    try:
-        return await broker.agents.result(live[attempt.pods[0]].endpoint, attempt.id)
-    except Exception as exc:
-        log.warning("job %s: probing %s failed: %r", job.id, attempt.id, exc)
-        return None
+    endpoint = live[attempt.pods[0]].endpoint
+    for tried in range(1, PROBE_TRIES + 1):
+        try:
+            return await broker.agents.result(endpoint, attempt.id)
+        except AgentUnreachable as exc:
+            log.info("job %s: %s did not answer (try %d): %s", job.id, attempt.id, tried, exc)
+            if tried < PROBE_TRIES:
+                await asyncio.sleep(PROBE_BACKOFF_S * 2 ** (tried - 1))
+        except Exception as exc:
+            log.warning("job %s: probing %s failed: %r", job.id, attempt.id, exc)
+            return None
+    return None
 
 
 async def recover(broker: Broker) -> None:

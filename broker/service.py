@@ -10,6 +10,7 @@ takes it up again (``broker.recovery``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import io
 import logging
@@ -51,7 +52,7 @@ from broker.store import JobStore, StoreSettings, open_store
 from broker.store.store import STATEMENT_OVERHEAD
 from broker.sweeps import Sweeps
 from broker.telemetry import Telemetry, make_telemetry
-from functions.errors import Forbidden, InvalidRequest, NotFound, TooLarge
+from functions.errors import Forbidden, InvalidRequest, NotFound, TooLarge, Unavailable
 from functions.spec import FunctionSpec
 from functions.stores import PackageStore, UrlSigner, check_digest_syntax, open_package_store
 from pod_runtime.agent_auth import agent_key
@@ -65,6 +66,8 @@ from pool_manager.states import JobState
 from pool_manager.tracker import Tracker
 
 log = logging.getLogger("firepool.broker")
+OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errors of a write to a full filesystem (or past a quota)."""
 
 
 _ids = random.Random(secrets.randbits(128))
@@ -357,14 +360,24 @@ class Broker:
         refused unless they hash to it, and, ``is_zip``, unless the pod's agent would extract
         them) and record ``caller`` as one who uploaded them. Returns the size and whether
         the bytes were new to the store. ``QuotaExceeded`` (nothing stored) when they would
-        take ``caller`` past its storage quota; the package is not collected meanwhile."""
+        take ``caller`` past its storage quota; the package is not collected meanwhile. A
+        store out of space refuses with ``Unavailable`` (503, try again), its partial upload
+        removed, and the broker serves on."""
         check = check_package_file if is_zip else None
         async with self.collector.guard.using(digest):
-            with self.packages.upload(digest) as upload:
-                async for chunk in chunks:
-                    upload.write(chunk)
-                await self.check_storage_quota(caller, upload.size, digest=digest)
-                created = await asyncio.to_thread(upload.commit, check)
+            try:
+                with self.packages.upload(digest) as upload:
+                    async for chunk in chunks:
+                        upload.write(chunk)
+                    await self.check_storage_quota(caller, upload.size, digest=digest)
+                    created = await asyncio.to_thread(upload.commit, check)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_SPACE:
+                    raise
+                log.error("package %s not stored: %s", digest, exc)
+                raise Unavailable(
+                    f"the package store is out of space ({exc.strerror}); try again later"
+                ) from None
             await self.jobs.put_package(digest, upload.size, caller)
         return upload.size, created
 

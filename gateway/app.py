@@ -45,7 +45,7 @@ from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, error_headers, http_status, retry_after
 from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
-from gateway.openapi import build_openapi
+from gateway.openapi import build_openapi, with_pools
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
 log = logging.getLogger("firepool.api")
@@ -472,7 +472,7 @@ async def metrics(request: Request) -> Response:
 
 @queries()
 async def openapi(request: Request) -> Response:
-    return JSONResponse(OPENAPI)
+    return JSONResponse(request.app.state.openapi)
 
 
 async def firepool_error(request: Request, exc: Exception) -> Response:
@@ -582,6 +582,8 @@ def create_app(broker: Broker) -> Starlette:
         },
     )
     app.state.broker = broker
+    gangs = {sku: broker.catalog.largest_gang(sku) for sku in broker.catalog.pools}
+    app.state.openapi = with_pools(OPENAPI, gangs)
     settings = broker.settings
     app.state.auth = Authenticator(broker.signing_key, settings.audience, settings.token_cache_size)
     return app

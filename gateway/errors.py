@@ -23,11 +23,12 @@ STATUS: dict[ErrorClass, int] = {
     ErrorClass.STORE_UNAVAILABLE: 503,
     ErrorClass.PACKAGE_FETCH_FAILED: 502,
 }
-RETRY_AFTER_S = 1.0
-"""What ``Retry-After`` says when the error names no delay of its own: a broker that is not
-taking jobs (starting, stopping) or whose job store failed is back, or not, within seconds."""
 RETRIED_STATUS = frozenset({429, 503})
 """Refusals for capacity or quota: a client may send the same request again later."""
+RETRY_AFTER_S = 2
+"""What ``Retry-After`` says when the error names no delay of its own: a job store failing
+for a moment, or a broker starting or stopping, is back within seconds, and a client that
+retries at once only adds load to a store coming back."""
 
 
 def http_status(error: FirepoolError) -> int:

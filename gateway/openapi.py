@@ -10,11 +10,24 @@ parameter is declared and the document is valid OpenAPI 3.1.
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from functions.spec import DIGEST_RE, ENTRYPOINT_RE, NAME_RE
-from gateway.decoding import Field
+from gateway.decoding import INTEGER_RANGE, Field
+from pod_runtime.jobenv import (
+    DENY_NAMES,
+    DENY_PREFIXES,
+    MAX_USER_VARS,
+    MAX_VALUE,
+    PYTHON_ALLOWED,
+    SYSTEM_NAMES,
+)
+from pod_runtime.jobenv import (
+    NAME_RE as ENV_NAME_RE,
+)
 from pool_manager.model import PATH_ORDER
 from pool_manager.states import JobState
 
@@ -31,6 +44,8 @@ _RETRY_AFTER = {
     "description": "whole seconds to wait before sending the same request again",
     "schema": {"type": "integer", "minimum": 1},
 }
+_NO_NUL = {"pattern": "^[^\\u0000]*$"}
+"""A string without NUL (an argument or environment value of a process cannot hold one)."""
 _JOB = {"$ref": "#/components/schemas/Job"}
 _OBJECT = {"type": "object"}
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -46,6 +61,71 @@ _ERROR_DETAIL = {
     },
 }
 """What ``error`` holds, in an error body and in a job record (more keys may follow)."""
+
+
+JSON_VALUE = {"$ref": "#/components/schemas/JsonValue"}
+
+
+def json_value_schema() -> dict[str, Any]:
+    """Any JSON value whose integers lie in ``decoding.INTEGER_RANGE`` (a wider integer
+    literal is refused: it would reach the function as a float, its low digits lost).
+    Recursive, through ``JSON_VALUE``; the nesting limit is in the field's description.
+    JSON Schema compares values, not how they are written, so a float beyond that range
+    (``1e300``, which the broker takes) is left out too: the schema is the narrower."""
+    low, high = INTEGER_RANGE
+    return {
+        "anyOf": [
+            {"type": ["null", "boolean", "string"]},
+            {"type": "number", "not": {"type": "integer"}},
+            {"type": "integer", "minimum": low, "maximum": high},
+            {"type": "array", "items": JSON_VALUE},
+            {"type": "object", "additionalProperties": JSON_VALUE},
+        ]
+    }
+
+
+def with_pools(document: Mapping[str, Any], largest_gangs: Mapping[str, int]) -> dict[str, Any]:
+    """``document`` as one broker serves it, with what registration checks against its
+    catalog: a function's ``sku`` is one of its pools, and its ``pods`` at most that pool's
+    ``largest_gang`` (``largest_gangs``: pool name to it). A deep copy: ``document`` is left
+    as it is."""
+    served = copy.deepcopy(dict(document))
+    body = served["paths"]["/v1/functions"]["post"]["requestBody"]["content"]
+    schema = body["application/json"]["schema"]
+    schema["properties"]["sku"]["enum"] = sorted(largest_gangs)
+    schema["allOf"] = [
+        {
+            "anyOf": [
+                {"properties": {"sku": {"const": sku}, "pods": {"maximum": most}}}
+                for sku, most in sorted(largest_gangs.items())
+            ]
+        }
+    ]
+    return served
+
+
+def env_schema() -> dict[str, Any]:
+    """A function's ``env``, as ``jobenv.user_var_allowed`` (which registration applies)
+    takes it: at most ``MAX_USER_VARS`` identifiers, none reserved by the pod (a denied or
+    system name or prefix, a ``PYTHON*`` name not allowed), values without NUL of at most
+    ``MAX_VALUE`` characters."""
+    prefixes = "|".join(re.escape(p) for p in DENY_PREFIXES)
+    reserved = {
+        "anyOf": [
+            {"enum": sorted(DENY_NAMES | SYSTEM_NAMES)},
+            {"pattern": f"^({prefixes})"},
+            {"allOf": [{"pattern": "^PYTHON"}, {"not": {"enum": sorted(PYTHON_ALLOWED)}}]},
+        ]
+    }
+    return {
+        "maxProperties": MAX_USER_VARS,
+        "propertyNames": {"pattern": ENV_NAME_RE.pattern, "not": reserved},
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": MAX_VALUE,
+            **_NO_NUL,
+        },
+    }
 
 
 def job_schema() -> dict[str, Any]:
@@ -218,14 +298,15 @@ def build_openapi(
     sha = _path("sha256", pattern=DIGEST_RE.pattern)
     job_id = _path("id")
     invoke = body_schema(invoke_fields, invoke_limits)
+    invoke["properties"]["input"].update(JSON_VALUE)
     function = body_schema(
         function_fields,
         {
             "name": {"pattern": NAME_RE.pattern},
             "package_digest": {"pattern": DIGEST_RE.pattern},
             "entrypoint": {"pattern": ENTRYPOINT_RE.pattern, "maxLength": 255},
-            "command": {"minItems": 1, "items": {"type": "string", "minLength": 1}},
-            "env": {"additionalProperties": {"type": "string"}},
+            "command": {"minItems": 1, "items": {"type": "string", "minLength": 1, **_NO_NUL}},
+            "env": env_schema(),
             "requirements": {"pattern": DIGEST_RE.pattern},
             "timeout_s": {"exclusiveMinimum": 0, "maximum": 86400},
             "max_retries": {"minimum": 0, "maximum": 10},
@@ -277,6 +358,7 @@ def build_openapi(
                     "properties": {"error": _ERROR_DETAIL},
                 },
                 "Job": job_schema(),
+                "JsonValue": json_value_schema(),
             },
         },
         "paths": {
@@ -387,7 +469,12 @@ def build_openapi(
                     "Register a function version (upload its package first)",
                     "201",
                     body=function,
-                    more={"413": "body too large", "422": "the package is not an acceptable zip"},
+                    more={
+                        "404": "the package (or requirements file) is not uploaded: the field "
+                        "is named",
+                        "413": "body too large",
+                        "422": "the package is not an acceptable zip",
+                    },
                 ),
                 "get": _op("List functions"),
             },
@@ -514,7 +601,56 @@ def build_openapi(
             },
         },
     }
-    return _with_heads(document)
+    return _with_heads(_with_links(document))
+
+
+_OPERATION_IDS = {
+    ("/v1/functions", "post"): "createFunction",
+    ("/v1/functions/{name}", "get"): "getFunction",
+    ("/v1/functions/{name}", "delete"): "deleteFunction",
+    ("/v1/functions/{name}:invoke", "post"): "invokeFunction",
+    ("/v1/functions/{name}/jobs", "post"): "submitJob",
+    ("/v1/jobs/{id}", "get"): "getJob",
+    ("/v1/jobs/{id}", "delete"): "cancelJob",
+    ("/v1/jobs/{id}/logs", "get"): "getJobLogs",
+}
+"""The operations the links below join, by the ids they are linked with."""
+
+
+def _link(operation_id: str, parameter: str, expression: str) -> dict[str, Any]:
+    return {"operationId": operation_id, "parameters": {parameter: expression}}
+
+
+def _job_links(expression: str) -> dict[str, Any]:
+    """Links from an answer that names a job (``expression``: where its id is)."""
+    return {
+        "GetJob": _link("getJob", "id", expression),
+        "GetJobLogs": _link("getJobLogs", "id", expression),
+        "CancelJob": _link("cancelJob", "id", expression),
+    }
+
+
+def _with_links(document: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI links, the paths a client (or a stateful fuzzer) takes through the API:
+    register a function, invoke it or submit a job, then read the job, its logs, cancel it."""
+    paths = document["paths"]
+    for (path, method), operation_id in _OPERATION_IDS.items():
+        paths[path][method]["operationId"] = operation_id
+    name = "$response.body#/name"
+    paths["/v1/functions"]["post"]["responses"]["201"]["links"] = {
+        "InvokeFunction": _link("invokeFunction", "name", name),
+        "SubmitJob": _link("submitJob", "name", name),
+        "GetFunction": _link("getFunction", "name", name),
+        "DeleteFunction": _link("deleteFunction", "name", name),
+    }
+    invoke = paths["/v1/functions/{name}:invoke"]["post"]["responses"]
+    invoke["200"]["links"] = _job_links("$response.body#/id")
+    invoke["202"]["links"] = _job_links("$response.body#/job_id")
+    submit = paths["/v1/functions/{name}/jobs"]["post"]["responses"]
+    submit["202"]["links"] = _job_links("$response.body#/job_id")
+    job = paths["/v1/jobs/{id}"]["get"]["responses"]["200"]
+    job["links"] = {k: v for k, v in _job_links("$response.body#/id").items() if k != "GetJob"}
+    return document
 
 
 def _with_heads(document: dict[str, Any]) -> dict[str, Any]:
@@ -525,6 +661,8 @@ def _with_heads(document: dict[str, Any]) -> dict[str, Any]:
         if get is not None and "head" not in ops:
             head = {k: v for k, v in get.items() if k not in ("responses", "summary")}
             head["summary"] = f"{get['summary']} (headers only)"
+            if "operationId" in get:
+                head["operationId"] = f"{get['operationId']}Head"
             head["responses"] = {
                 code: {"description": answer["description"]}
                 for code, answer in get["responses"].items()

@@ -95,10 +95,10 @@ def user_var_allowed(name: str, value: str) -> bool:
         return False
     if name in DENY_NAMES or name in SYSTEM_NAMES or name.startswith(DENY_PREFIXES):
         return False
-    return not (name.startswith("PYTHON") and name not in _PYTHON_ALLOWED)
+    return not (name.startswith("PYTHON") and name not in PYTHON_ALLOWED)
 
 
-_PYTHON_ALLOWED = frozenset(
+PYTHON_ALLOWED = frozenset(
     {
         "PYTHONUNBUFFERED",
         "PYTHONHASHSEED",

@@ -396,6 +396,15 @@ class Catalog:
         """Units available to ``accelerator`` across all its pools; ``None`` = unbounded."""
         return self.budgets.get(accelerator)
 
+    def largest_gang(self, sku: str) -> int:
+        """The most pods of pool ``sku`` one job can ever hold at once: its ``max_count``,
+        and no more than its accelerator's budget holds. ``InvalidRequest`` for no such pool."""
+        pool = self.pool(sku)
+        budget = self.budget(pool.accelerator)
+        if budget is None:
+            return pool.max_count
+        return min(pool.max_count, budget // max(1, pool.units_per_pod))
+
     @classmethod
     def default(cls) -> Catalog:
         """Zero-config catalog: one CPU pool sized for a workstation."""

@@ -78,6 +78,18 @@ _MISSES = {
 }  # fmt: skip
 
 
+def _breaks_one_of(action: Action, holds: frozenset[str]) -> bool:
+    return isinstance(action, DeletePod) and action.reason == "hold_broken" and action.name in holds
+
+
+RESTORED_HOLD_GRACE_S = 10.0
+"""After ``restore``, how long the scaler breaks none of the holds it restored. A restart
+answers every caller 503 or nothing for a moment, and its first pass sees at once the queued
+jobs recovery put back, before the dispatcher has placed them on their owners' held pods and
+before the owners' retried requests are back: a hold it broke then would be one the broker
+running on would have kept."""
+
+
 class Tracker:
     """Pods and their leases behind one lock. See the module docstring."""
 
@@ -97,6 +109,11 @@ class Tracker:
         self.ledger = ledger if ledger is not None else BudgetLedger(catalog.budgets)
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.Lock()
         self._reconcile_lock = threading.Lock()
+        self._holds_kept_until = float("-inf")
+        """Before this time (``restore``'s plus ``RESTORED_HOLD_GRACE_S``) no pod of
+        ``_restored_holds`` has its hold broken."""
+        self._restored_holds: frozenset[str] = frozenset()
+        """The pods ``restore`` found with an owner."""
         self._specs: dict[str, PoolSpec] = dict(catalog.pools)
         self._release_terms = {
             sku: (spec, spec.hold_s, spec.tag_mode == "switch") for sku, spec in self._specs.items()
@@ -409,6 +426,9 @@ class Tracker:
                 actions: list[Action] = list(self._expire_locked(now))
                 rows = list(map(row_of, self._index.pods.values()))
             planned = plan(build_snapshot(rows, self._specs, now), demand, now, self.ledger)
+            if now < self._holds_kept_until:
+                kept = self._restored_holds
+                planned = [a for a in planned if not _breaks_one_of(a, kept)]
             if planned:
                 with self._lock:
                     index = self._index
@@ -447,7 +467,8 @@ class Tracker:
         """Rebuild everything from the backend's pods after a restart (``recovery``).
         ``jobs``: the store's RUNNING jobs by id, whose caller, queue and tag win over the
         pods' annotations. Returns deletes for pods this catalog cannot track, and for idle
-        pods marked to retire after a job that has ended."""
+        pods marked to retire after a job that has ended. No hold restored here is broken
+        for ``RESTORED_HOLD_GRACE_S`` after ``now``."""
         with self._lock:
             self._index.clear_locked()
             self._usage.clear_locked()
@@ -461,6 +482,9 @@ class Tracker:
                 self._index, self.ledger, usage, self._specs, pods, now, jobs or {}
             )
             self._leases.update(leases)
+            pods_now = self._index.pods.values()
+            self._restored_holds = frozenset(p.name for p in pods_now if p.owner is not None)
+            self._holds_kept_until = now + RESTORED_HOLD_GRACE_S
             return orphans
 
     def mark_gpu_verified(self, gpu: str, exclusive: bool, now: float) -> None:

@@ -28,8 +28,10 @@ class UrlSigner:
 
     def verify(self, digest: str, expires: int, signature: str, now: float) -> None:
         """``Forbidden`` for a signature this key did not make over ``(digest, expires)``,
-        then ``Expired`` once ``now`` is past ``expires``."""
-        if not hmac.compare_digest(self.sign(digest, expires), signature):
+        then ``Expired`` once ``now`` is past ``expires``. Compared as UTF-8 bytes: a query
+        string may carry any text, and ``compare_digest`` refuses non-ASCII ``str``."""
+        expected = self.sign(digest, expires).encode()
+        if not hmac.compare_digest(expected, signature.encode("utf-8", "surrogatepass")):
             raise Forbidden("bad package URL signature")
         if now > expires:
             raise Expired("package URL expired")

@@ -20,6 +20,8 @@ from gateway.harness import REPO
         ("invoke", "--calls", "-3"),
         ("invoke", "--warmup", "-1"),
         ("crash", "--kills", "0"),
+        ("load", "--hold-s", "0"),
+        ("load", "--callers", "-1"),
     ],
 )
 def test_a_count_out_of_range_is_one_error_line_and_exit_2(

@@ -147,3 +147,12 @@ def test_signed_urls_expire_and_reject_tampering() -> None:
         signer.verify(digest, 2000, sig, now=999)
     with pytest.raises(Forbidden):
         signer.verify("b" * 64, 1000, sig, now=999)
+
+
+@pytest.mark.parametrize("forged", ["é", "\udc80", "\x00", "ß" * 64])
+def test_a_signature_of_any_text_is_refused_as_forbidden(forged: str) -> None:
+    """A query string may carry any text: a signature that is not ASCII is refused like any
+    other wrong one (``compare_digest`` takes no non-ASCII ``str``, so bytes are compared)."""
+    signer = UrlSigner(b"k" * 32)
+    with pytest.raises(Forbidden):
+        signer.verify("a" * 64, 1000, forged, now=999)

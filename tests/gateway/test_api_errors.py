@@ -166,7 +166,7 @@ def test_an_unsafe_zip_is_rejected_at_upload_and_not_stored(
             "/v1/functions",
             json={"name": "evil", "sku": "cpu", "package_digest": digest, "entrypoint": "a:b"},
         )
-        assert reg.status_code == 400
+        assert reg.status_code == 404  # not stored: as if never uploaded
         assert reg.json()["error"]["field"] == "package_digest"
 
 

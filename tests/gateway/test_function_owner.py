@@ -59,7 +59,7 @@ def test_a_function_s_secrets_and_code_are_its_owner_s(
                 "name": "bob-reads", "sku": "cpu", "package_digest": digest,
                 "entrypoint": "secret_fn:run",
             })  # fmt: skip
-        assert (stolen.value.status, stolen.value.field) == (400, "package_digest")
+        assert (stolen.value.status, stolen.value.field) == (404, "package_digest")
         # Whoever has the bytes may use them: uploading them makes them Bob's too.
         bob.deploy(code, name="bob-has-it", sku="cpu", entrypoint="secret_fn:run")
         assert bob._http.head(f"/v1/packages/{digest}").status_code == 200

@@ -25,9 +25,10 @@ from tests.helpers import ThreadedBroker
 INTERNAL = {"/openapi.json", "/dashboard"}  # the schema itself; the HTML dashboard
 
 
-def _body(path: str, method: str = "post") -> dict[str, Any]:
-    schema = OPENAPI["paths"][path][method]["requestBody"]["content"]["application/json"]
-    return dict(schema["schema"])
+def _body(path: str, method: str = "post", document: dict[str, Any] = OPENAPI) -> dict[str, Any]:
+    """The JSON body schema of ``method path``, with the components its references name."""
+    schema = document["paths"][path][method]["requestBody"]["content"]["application/json"]
+    return {**schema["schema"], "components": document["components"]}
 
 
 def test_the_document_is_valid_openapi_3_1() -> None:
@@ -83,6 +84,9 @@ def test_the_request_bodies_are_the_decoded_fields_and_refuse_unknown_ones() -> 
         ({"lease_tag": "t" * 256}, False),
         ({"timeout_s": 0}, False),
         ({"timeout_s": 86401}, False),
+        ({"input": [2**64 - 1, -(2**63), 0.5, "x" * 30, None, {"a": True}]}, True),
+        ({"input": {"a": [2**64]}}, False),
+        ({"input": -(2**63) - 1}, False),
     ],
 )
 def test_the_invoke_schema_holds_the_limits_the_broker_enforces(
@@ -100,6 +104,41 @@ def test_a_function_names_exactly_one_of_entrypoint_and_command() -> None:
     assert validator.is_valid({**base, "entrypoint": "m:f", "command": None})
     assert not validator.is_valid({**base, "entrypoint": "m:f", "command": ["x"]})
     assert not validator.is_valid(base)
+
+
+@pytest.mark.parametrize(
+    ("env", "valid"),
+    [
+        ({"HF_TOKEN": "x", "PYTHONUNBUFFERED": "1"}, True),
+        ({"LD_PRELOAD": "x"}, False),
+        ({"FIREPOOL_JOB_ID": "x"}, False),
+        ({"PYTHONPATH": "x"}, False),
+        ({"PYTHONFOO": "x"}, False),
+        ({"1X": "x"}, False),
+        ({"A": "a\0b"}, False),
+        ({f"V{i}": "x" for i in range(257)}, False),
+    ],
+)
+def test_a_function_env_is_what_registration_accepts(env: dict[str, str], valid: bool) -> None:
+    validator = jsonschema.Draft202012Validator(_body("/v1/functions"))
+    body = {"name": "f", "sku": "cpu", "package_digest": "0" * 64, "entrypoint": "m:f"}
+    assert validator.is_valid({**body, "env": env}) is valid
+
+
+def test_the_served_document_names_the_pools_and_their_largest_gangs(tmp_path: Path) -> None:
+    """A sku outside the catalog, or more pods than its pool can ever hold, is refused by
+    registration; the document a broker serves says so for its own catalog."""
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("budgets: {cpu: 6}\npools:\n  cpu: {max_count: 4}\n  big: {max_count: 9}\n")
+    app = create_app(Broker(Settings(home=tmp_path, catalog_path=catalog)))
+    validator = jsonschema.Draft202012Validator(_body("/v1/functions", document=app.state.openapi))
+    body = {"name": "f", "package_digest": "0" * 64, "entrypoint": "m:f"}
+    assert validator.is_valid({**body, "sku": "cpu", "pods": 4})
+    assert validator.is_valid({**body, "sku": "big", "pods": 6})
+    assert not validator.is_valid({**body, "sku": "cpu", "pods": 5})
+    assert not validator.is_valid({**body, "sku": "big", "pods": 7})  # the cpu budget: 6
+    assert not validator.is_valid({**body, "sku": "gpu"})
+    assert "enum" not in _body("/v1/functions")["properties"]["sku"], "OPENAPI is unchanged"
 
 
 def test_a_405_names_the_methods_the_path_has(fake_pod_broker: ThreadedBroker) -> None:

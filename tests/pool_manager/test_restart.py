@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pool_manager.budgets import BudgetLedger
-from pool_manager.model import PodInfo
+from pool_manager.model import DeletePod, PodInfo
 from pool_manager.states import PodState
-from pool_manager.tracker import Tracker
+from pool_manager.tracker import RESTORED_HOLD_GRACE_S, Tracker
 from tests.pool_manager.builders import (
     add_ready,
     lease,
@@ -118,3 +118,23 @@ def test_a_pod_marked_to_retire_retires_after_its_reattached_job_or_at_once_if_i
     [rel] = fresh.release(job.job_id, True, 60.0)
     assert (rel.name, rel.retire, rel.reason) == ("busy", True, "session_boundary")
     miss(fresh, make_request("alice", tag="s2"), now=61.0)
+
+
+def test_no_hold_is_broken_in_the_grace_after_a_restart() -> None:
+    """The first scaler passes after a restart see the queued jobs recovery put back before
+    the owners of the held pods are back: they break no hold for ``RESTORED_HOLD_GRACE_S``;
+    after it, a job blocked at the ceiling breaks one as it would have before the restart."""
+    t = make_tracker(make_spec(max_count=2, caller_hold_s=1000.0))
+    add_ready(t, "a-pod", now=0.0)
+    run_job(t, make_request("alice"), now=100.0)
+    add_ready(t, "c-pod", now=0.0)
+    run_job(t, make_request("carol"), now=110.0)
+    t2 = restarted(t, now=200.0)
+    blocked = [make_request("bob")]
+    assert [a for a in t2.reconcile(blocked, 200.0) if isinstance(a, DeletePod)] == []
+    during = 200.0 + RESTORED_HOLD_GRACE_S - 0.1
+    assert [a for a in t2.reconcile(blocked, during) if isinstance(a, DeletePod)] == []
+    after = [
+        a for a in t2.reconcile(blocked, 200.0 + RESTORED_HOLD_GRACE_S) if isinstance(a, DeletePod)
+    ]
+    assert [(a.name, a.reason) for a in after] == [("a-pod", "hold_broken")]
