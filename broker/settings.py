@@ -462,6 +462,10 @@ class Settings:
     jwks_ca_file: Path | None = None
     """CA bundle for an https JWKS URL (FIREPOOL_JWKS_CA_FILE; in a cluster, the service
     account's ``ca.crt``); unset: the system's CAs."""
+    jwks_token_file: Path | None = None
+    """A file whose text is sent as a bearer token with each JWKS fetch, read again each time
+    (FIREPOOL_JWKS_TOKEN_FILE; in a cluster, the broker's own service-account ``token``: the
+    API server serves its JWKS to service accounts); unset: none is sent."""
     metrics: bool = True
     """Record the broker's event metrics (FIREPOOL_METRICS): acquisitions, start latencies,
     creates, deletes, resets, store commits, HTTP requests (``broker.telemetry``). Off, those

@@ -239,6 +239,7 @@ def authenticator_for(key: bytes, settings: Settings) -> Authenticator:
             cache_s=settings.jwks_cache_s,
             refresh_s=settings.jwks_refresh_s,
             ca_file=settings.jwks_ca_file,
+            token_file=settings.jwks_token_file,
         )
         outside = OutsideIdentity(
             JwksVerifier(policy),

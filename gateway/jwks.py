@@ -60,6 +60,10 @@ class JwksPolicy:
     """Least time between two fetches made for an unknown ``kid`` or after a failed fetch."""
     ca_file: Path | None = None
     """CA bundle for an https URL (the API server's own CA in a cluster); None: the system's."""
+    token_file: Path | None = None
+    """A file whose text is sent as ``Authorization: Bearer`` with each fetch, read again
+    each time (the broker's own service-account token, which the kubelet rotates: the API
+    server serves its JWKS to service accounts); None: no credentials are sent."""
 
 
 def _matching(keys: PyJWKSet, kid: str) -> PyJWK | None:
@@ -154,10 +158,14 @@ class JwksVerifier:
                 raise Unauthorized(f"unknown key id {kid!r}: not in the JWKS")
             self._fetched_at = now
             try:
+                if self._policy.token_file is not None:
+                    credential = self._policy.token_file.read_text().strip()
+                    self._client.headers = {"Authorization": f"Bearer {credential}"}
                 keys = self._client.get_jwk_set(refresh=True)
-            except (PyJWKClientError, PyJWKSetError, ValueError) as exc:
+            except (PyJWKClientError, PyJWKSetError, ValueError, OSError) as exc:
                 # PyJWKClientError covers connection errors, timeouts and HTTP errors;
-                # PyJWKSetError and ValueError an answer that is no key set.
+                # PyJWKSetError and ValueError an answer that is no key set; OSError a
+                # token file that cannot be read.
                 self._failed = True
                 raise Unavailable(
                     f"the JWKS at {self._policy.url} could not be fetched ({exc})",

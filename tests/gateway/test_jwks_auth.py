@@ -67,6 +67,8 @@ class JwksServer:
         self.down = False
         self.delay_s = 0.0
         self.requests = 0
+        self.credentials: list[str | None] = []
+        """Each request's ``Authorization`` header."""
         self._lock = threading.Lock()
         outer = self
 
@@ -74,6 +76,7 @@ class JwksServer:
             def do_GET(self) -> None:
                 with outer._lock:
                     outer.requests += 1
+                    outer.credentials.append(self.headers.get("Authorization"))
                 time.sleep(outer.delay_s)
                 if outer.down:
                     self.send_error(503)
@@ -334,6 +337,29 @@ def test_jwks_down_answers_503_with_retry_after_over_http(tmp_path: Path) -> Non
                 assert 1 <= int(answer.headers["retry-after"]) <= 60
             assert server.requests == 1
             assert get(broker, "/v1/jobs", broker.token("ops")).status_code == 200
+    finally:
+        server.close()
+
+
+def test_the_token_file_is_sent_with_each_fetch_as_it_is_then(tmp_path: Path) -> None:
+    """The kubelet rotates a service account's token: each fetch reads the file again."""
+    server = JwksServer(published())
+    credential = tmp_path / "token"
+    credential.write_text("first\n")
+    try:
+        clock = Clock()
+        keys = verifier(server.url, clock, refresh_s=1.0, token_file=credential)
+        keys.verify(token(), header("rsa-1"))
+        credential.write_text("second")
+        clock.now += 1.0
+        with pytest.raises(Unauthorized, match="unknown key id"):
+            keys.verify(token(kid="rsa-7"), header("rsa-7"))
+        assert server.credentials == ["Bearer first", "Bearer second"]
+        credential.unlink()
+        clock.now += 1.0
+        with pytest.raises(Unavailable, match="could not be fetched"):
+            keys.verify(token(kid="rsa-8"), header("rsa-8"))
+        assert server.requests == 2
     finally:
         server.close()
 

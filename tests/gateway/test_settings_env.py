@@ -81,6 +81,7 @@ SAMPLES = {
     "jwks_cache_s": ("600", 600.0),
     "jwks_refresh_s": ("10", 10.0),
     "jwks_ca_file": (CA_FILE, Path(CA_FILE)),
+    "jwks_token_file": ("/var/run/secrets/tokens/sa", Path("/var/run/secrets/tokens/sa")),
     "metrics": ("false", False),
     "log_format": ("json", "json"),
 }
