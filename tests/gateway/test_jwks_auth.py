@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import httpx
 import jwt
 import pytest
@@ -34,6 +35,7 @@ from broker.settings import JWT_ROLES, Settings
 from functions.errors import InvalidRequest, Unauthorized, Unavailable
 from gateway.auth import Role
 from gateway.jwks import JwksPolicy, JwksVerifier
+from tests.deploy.manifests import one, render, validate
 from tests.helpers import ThreadedBroker, threaded_broker
 
 ISSUER = "https://issuer.example"
@@ -369,3 +371,52 @@ def test_a_jwks_url_needs_an_issuer_and_roles_match_the_gateways() -> None:
         Settings(jwks_url="https://kubernetes.default.svc/openid/v1/jwks")
     assert refused.value.field == "FIREPOOL_JWT_ISSUER"
     assert tuple(Role) == JWT_ROLES
+
+
+CLUSTER_JWKS = {
+    "url": "https://kubernetes.default.svc/openid/v1/jwks",
+    "issuer": "https://kubernetes.default.svc.cluster.local",
+    "audience": "firepool",
+    "callerClaim": "sub",
+    "roleClaim": "firepool/role",
+    "defaultRole": "deploy",
+    "caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+    "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+}
+
+
+def test_the_chart_hands_the_broker_its_jwks_values_as_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = render({"auth": {"jwks": CLUSTER_JWKS}})
+    for manifest in objects:
+        validate(manifest)
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    for name, value in env.items():
+        if name.startswith(("FIREPOOL_JWKS_", "FIREPOOL_JWT_")):
+            monkeypatch.setenv(name, value)
+    settings = Settings.from_env()
+    assert settings.jwks_url == CLUSTER_JWKS["url"]
+    assert settings.jwt_issuer == CLUSTER_JWKS["issuer"]
+    assert settings.jwt_audience == "firepool"
+    assert (settings.jwt_role_claim, settings.jwt_default_role) == ("firepool/role", "deploy")
+    assert settings.jwks_token_file == Path(CLUSTER_JWKS["tokenFile"])
+    assert settings.jwks_ca_file == Path(CLUSTER_JWKS["caFile"])
+    plain = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert not [var for var in plain if var["name"].startswith(("FIREPOOL_JWKS", "FIREPOOL_JWT"))]
+
+
+@pytest.mark.parametrize(
+    "jwks",
+    [
+        {"url": "https://issuer.example/jwks"},  # no issuer
+        {"url": "kubernetes.default.svc/openid/v1/jwks", "issuer": ISSUER},
+        {"defaultRole": "root"},
+        {"callerClaim": ""},
+        {"urll": "https://issuer.example/jwks"},
+    ],
+)
+def test_the_charts_schema_refuses_bad_jwks_values(jwks: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        render({"auth": {"jwks": jwks}})
