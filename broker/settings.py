@@ -434,7 +434,7 @@ class Settings:
     jwks_url: Annotated[str | None, _jwks_url] = None
     """Also accept RS256/ES256 tokens signed by a key published at this JWKS URL
     (FIREPOOL_JWKS_URL): the cluster's service-account issuer, a company's OIDC
-    (docs/kubernetes.md, "Callers identified by the cluster"). Unset: only the broker's own
+    (README, "Callers identified by the cluster"). Unset: only the broker's own
     tokens. Needs ``jwt_issuer``."""
     jwt_issuer: str | None = None
     """The ``iss`` every JWKS token must carry (FIREPOOL_JWT_ISSUER)."""
