@@ -62,12 +62,16 @@ def published() -> list[dict[str, Any]]:
 
 class JwksServer:
     """A JWKS endpoint on loopback: serves ``keys`` as a JWK set, counts the requests it
-    gets, answers 503 while ``down`` and holds each answer ``delay_s``."""
+    gets, answers 503 while ``down``, holds each answer ``delay_s``, and, when ``held`` is
+    set, sets ``arrived`` and holds each answer until ``released`` is set."""
 
     def __init__(self, keys: list[dict[str, Any]]) -> None:
         self.keys = keys
         self.down = False
         self.delay_s = 0.0
+        self.held = False
+        self.arrived = threading.Event()
+        self.released = threading.Event()
         self.requests = 0
         self.credentials: list[str | None] = []
         """Each request's ``Authorization`` header."""
@@ -80,6 +84,9 @@ class JwksServer:
                     outer.requests += 1
                     outer.credentials.append(self.headers.get("Authorization"))
                 time.sleep(outer.delay_s)
+                if outer.held:
+                    outer.arrived.set()
+                    outer.released.wait(timeout=30)
                 if outer.down:
                     self.send_error(503)
                     return
@@ -363,6 +370,33 @@ def test_the_token_file_is_sent_with_each_fetch_as_it_is_then(tmp_path: Path) ->
             keys.verify(token(kid="rsa-8"), header("rsa-8"))
         assert server.requests == 2
     finally:
+        server.close()
+
+
+def test_a_jwks_fetch_does_not_hold_up_the_brokers_other_requests(tmp_path: Path) -> None:
+    """The check that fetches runs in a worker thread: while the JWKS holds its answer, the
+    event loop answers other requests (if it were blocked, they would wait with it)."""
+    server = JwksServer(published())
+    server.held = True
+    try:
+        with threaded_broker(
+            tmp_path, backend="fake", jwks_url=server.url, jwt_issuer=ISSUER,
+            jwt_audience=AUDIENCE, jwks_timeout_s=60.0,
+        ) as broker:  # fmt: skip
+            answers: list[int] = []
+            waiting = threading.Thread(
+                target=lambda: answers.append(get(broker, "/v1/jobs", token()).status_code)
+            )
+            waiting.start()
+            assert server.arrived.wait(timeout=30)
+            assert get(broker, "/v1/jobs", broker.token("ops")).status_code == 200
+            assert httpx.get(broker.url + "/healthz", timeout=30).status_code == 200
+            assert not answers  # the JWKS token's check is still waiting for its keys
+            server.released.set()
+            waiting.join(timeout=30)
+            assert answers == [200]
+    finally:
+        server.released.set()
         server.close()
 
 
