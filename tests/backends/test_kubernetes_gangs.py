@@ -85,9 +85,7 @@ def _restart(servers: list[BrokerServer], cluster: EmulatedCluster, tmp_path: Pa
     env = _env(cluster, tmp_path)  # the same ports as the pods declare
     env["FIREPOOL_K8S_AGENT_PORT"] = _agent_port(cluster)
     env["FIREPOOL_K8S_RENDEZVOUS_PORT"] = _rendezvous_port(cluster)
-    servers[0] = start_broker(
-        old.home, CATALOG, port=int(old.url.rsplit(":", 1)[1]), extra_env=env
-    )
+    servers[0] = start_broker(old.home, CATALOG, port=int(old.url.rsplit(":", 1)[1]), extra_env=env)
 
 
 def _ports(cluster: EmulatedCluster) -> dict[str, int]:
@@ -103,12 +101,16 @@ def _rendezvous_port(cluster: EmulatedCluster) -> str:
     return str(_ports(cluster)["rendezvous"])
 
 
-def _agent(server: BrokerServer, cluster: EmulatedCluster, pod: str, path: str) -> Any:
-    """GET ``path`` of pod ``pod``'s agent, with its secret."""
+def _agent(
+    server: BrokerServer, cluster: EmulatedCluster, pod: str, path: str, method: str = "GET"
+) -> Any:
+    """``method`` ``path`` of pod ``pod``'s agent, with its secret: the answer's JSON, None
+    for a 404."""
     ip = cluster.objects("pods")[pod]["status"]["podIP"]
     key = agent_key(load_or_create_key(server.home / "signing.key"))
     url = f"http://{ip}:{_agent_port(cluster)}{path}"
-    return httpx.get(url, headers=bearer(pod_secret(key, pod)), timeout=10).json()
+    answer = httpx.request(method, url, headers=bearer(pod_secret(key, pod)), timeout=10)
+    return None if answer.status_code == 404 else answer.json()
 
 
 def _wait_for(check: Any, what: str, timeout_s: float = 30.0) -> None:
@@ -208,3 +210,34 @@ def test_a_rank_killed_while_the_broker_is_down_fails_the_gang_with_its_error(
             lambda pod=pod: attempt not in _agent(servers[0], cluster, pod, "/healthz")["attempts"],
             f"{pod}'s result to be collected",
         )
+
+
+def test_a_gang_launched_on_some_ranks_only_is_cancelled_there_and_run_again(
+    servers: list[BrokerServer], cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """The broker died between rank launches: rank 0 waits at the rendezvous for a rank 1
+    that never comes. Made here by taking the attempt off rank 1's agent (cancelled and
+    acknowledged) while the broker is down."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with servers[0].client("gang-half") as fp:
+        job_id = fp.submit("gang_pids", {"dir": str(runs), "seconds": 60})
+        _wait_for(lambda: _runs(runs, 0) and _runs(runs, 1), "both ranks to start")
+        running = fp.job(job_id)
+    servers[0].kill()
+    attempt = running["attempts"][-1]["id"]
+    rank1 = running["attempts"][-1]["pods"][1]
+    path = f"/attempts/{attempt}"
+    _agent(servers[0], cluster, rank1, path, "DELETE")
+    _wait_for(lambda: _agent(servers[0], cluster, rank1, path)["state"] != "running", "cancel")
+    _agent(servers[0], cluster, rank1, f"{path}/result", "DELETE")
+    assert _agent(servers[0], cluster, rank1, path) is None, "rank 1 never launched"
+    [pid0] = _runs(runs, 0)
+    _restart(servers, cluster, tmp_path)
+    _wait_for(lambda: not _alive(pid0), "the launched rank 0 to be cancelled")
+    with servers[0].client("gang-half") as fp:
+        _wait_for(lambda: len(_runs(runs, 0)) == 2 and len(_runs(runs, 1)) == 2, "a new run")
+        job = fp.job(job_id)
+    assert job["state"] == "RUNNING"
+    assert [a["error"]["class"] for a in job["attempts"][:-1]] == ["PodLost"]
+    assert job["attempts"][-1]["id"] != attempt
