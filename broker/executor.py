@@ -1,12 +1,18 @@
 """Runs one attempt on the pods of a lease through their agents (paper A.1 step 5, A.2).
 
 For a single pod the attempt is one request that returns when the job ends (``wait: true``);
-a gang starts every rank first, then waits for all of them, and rank 0's result is the job's.
-Rank and rendezvous variables go in ``system_env``, which the agent applies after the user's
-filtered env, so a user cannot override them. An agent that stops answering makes the attempt
-``PodLost`` (retryable); everything else is the function's own outcome. A caller's cancel that
-an agent does not answer (a job can stop its own agent) abandons the attempt: it ends
-``cancelled`` at once and its pods are deleted, never waited for nor reused.
+a gang starts every rank first, then waits for all of them, and rank 0's result is the job's
+unless another rank failed first (then that rank's error is the job's). Rank and rendezvous
+variables go in ``system_env``, which the agent applies after the user's filtered env, so a
+user cannot override them: every rank gets ``MASTER_ADDR``, rank 0's pod address
+(``endpoint_host`` of its agent endpoint: its pod IP on a cluster, 127.0.0.1 locally), and
+``MASTER_PORT``, a port rank 0's pod owns (the backend's declared ``rendezvous_port``, or a
+free port of that address when the backend has none), with ``RANK``/``NODE_RANK``/
+``GROUP_RANK`` (one rank per pod), ``WORLD_SIZE``, ``LOCAL_RANK`` 0 and ``LOCAL_WORLD_SIZE`` 1.
+An agent that stops answering makes the attempt ``PodLost`` (retryable); everything else is
+the function's own outcome. A caller's cancel that an agent does not answer (a job can stop
+its own agent) abandons the attempt: it ends ``cancelled`` at once and its pods are deleted,
+never waited for nor reused.
 
 Concurrency: event-loop only; ``_abandon`` holds one event per attempt in flight in ``run``.
 """
@@ -28,6 +34,7 @@ from functions.nesting import MAX_NESTING, json_within
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
 from pod_runtime.deps import INSTALL_TIMEOUT_S
 from pod_runtime.protocol import AttemptSpec, AttemptState, BlobRef, encode_spec
+from pool_manager.backends.base import endpoint_host
 
 GRACE_S = 30.0
 
@@ -135,10 +142,34 @@ def bounded_error(error: object) -> dict[str, str] | None:
     return kept
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (a local gang's rendezvous: its ranks share this host)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where a gang's ranks meet: rank 0's pod address and a port that pod owns."""
+
+    host: str
+    port: int
+
+
+def rank_env(rank: int, world: int, meet: Rendezvous) -> dict[str, str]:
+    """The system env of rank ``rank`` of a ``world``-pod gang (one rank per pod: the pod is
+    torchrun's node, so ``NODE_RANK`` and ``GROUP_RANK`` are the rank too)."""
+    return {
+        "MASTER_ADDR": meet.host,
+        "MASTER_PORT": str(meet.port),
+        "RANK": str(rank),
+        "NODE_RANK": str(rank),
+        "GROUP_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
 
 
 class Executor:
@@ -147,14 +178,24 @@ class Executor:
         agents: AgentClient,
         endpoints: Mapping[str, str],
         package_url: Callable[[str], str],
+        rendezvous_port: int | None = None,
     ) -> None:
+        """``rendezvous_port``: the backend's (``PodBackend.rendezvous_port``); None picks a
+        free port of rank 0's address for each gang attempt."""
         self.agents = agents
         self.endpoints = endpoints
         self.package_url = package_url
+        self.rendezvous_port = rendezvous_port
         self._abandon: dict[str, asyncio.Event] = {}
 
     def attempt_spec(
-        self, job: Job, spec: FunctionSpec, attempt_id: str, rank: int, world: int, port: int
+        self,
+        job: Job,
+        spec: FunctionSpec,
+        attempt_id: str,
+        rank: int,
+        world: int,
+        meet: Rendezvous | None,
     ) -> AttemptSpec:
         """What rank ``rank`` of ``world`` runs: the job's input, the function's code by
         signed URL, its env, and the system env (caller, ids, rendezvous) that wins over it."""
@@ -164,14 +205,8 @@ class Executor:
             "FIREPOOL_ATTEMPT_ID": attempt_id,
             "FIREPOOL_FUNCTION": f"{spec.name}:{spec.version}",
         }
-        if world > 1:
-            system_env.update(
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(rank),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK="0",
-            )
+        if world > 1 and meet is not None:
+            system_env.update(rank_env(rank, world, meet))
         requirements = None
         if spec.requirements_digest is not None:
             requirements = BlobRef(
@@ -193,20 +228,31 @@ class Executor:
     async def run(self, job: Job, spec: FunctionSpec, pods: list[str], attempt_id: str) -> Outcome:
         timeout = attempt_deadline_s(job.timeout_s, spec)
         world = len(pods)
-        port = _free_port() if world > 1 else 0
-        specs = [self.attempt_spec(job, spec, attempt_id, r, world, port) for r in range(world)]
+        meet = self.rendezvous(pods[0]) if world > 1 else None
+        specs = [self.attempt_spec(job, spec, attempt_id, r, world, meet) for r in range(world)]
         if world == 1:
             work = self._run_one(pods[0], specs[0], timeout)
         else:
             work = self._run_gang(pods, specs, timeout)
         return await self._unless_abandoned(attempt_id, pods, work)
 
+    def rendezvous(self, rank0: str) -> Rendezvous:
+        """Where the gang whose rank 0 runs on pod ``rank0`` meets: that pod's address, and
+        the backend's declared port or a port free there now."""
+        host = endpoint_host(self.endpoints.get(rank0, ""))
+        return Rendezvous(host, self.rendezvous_port or _free_port(host))
+
     async def reattach(self, pods: list[str], attempt_id: str, timeout: float) -> Outcome:
-        """Wait for an attempt a restarted broker found running (``wait``), unless a caller's
-        cancel abandons it first, as ``run`` does."""
-        return await self._unless_abandoned(
-            attempt_id, pods, self.wait(pods[0], attempt_id, timeout)
-        )
+        """Wait for an attempt a restarted broker found on its pods, every rank of a gang
+        (``wait`` answers at once for a rank that already ended), unless a caller's cancel
+        abandons it first, as ``run`` does. The outcome is what ``run`` would have given: a
+        rank that failed, while the broker was down or after, fails the gang with its error
+        and the other ranks are stopped."""
+        if len(pods) == 1:
+            work = self.wait(pods[0], attempt_id, timeout)
+        else:
+            work = self._wait_gang(pods, attempt_id, timeout)
+        return await self._unless_abandoned(attempt_id, pods, work)
 
     async def _unless_abandoned(
         self, attempt_id: str, pods: list[str], work: Coroutine[Any, Any, Outcome]
@@ -264,7 +310,12 @@ class Executor:
             except AgentUnreachable as exc:
                 await self.cancel(started, spec.attempt_id)
                 return Outcome.pod_lost([pod], f"launch failed on {pod}: {exc}")
-        attempt_id = specs[0].attempt_id
+        return await self._wait_gang(pods, specs[0].attempt_id, timeout)
+
+    async def _wait_gang(self, pods: list[str], attempt_id: str, timeout: float) -> Outcome:
+        """Every rank's outcome of a launched gang attempt, combined: a lost rank pod makes
+        it ``PodLost``; else the first rank to fail gives its error (the others are cancelled
+        then); else rank 0's."""
         waits = {asyncio.ensure_future(self.wait(p, attempt_id, timeout)): p for p in pods}
         results: dict[str, Outcome] = {}
         failed: Outcome | None = None  # the first rank to fail: the gang's outcome

@@ -11,11 +11,17 @@ authoritative for job state; pod annotations are authoritative for ownership.
      survive the restart. GPUs restart unverified
      (standby promotion fails closed until a sweep), which ``Tracker.restore`` guarantees.
   2. Jobs: QUEUED/PENDING jobs are queued again. For each RUNNING job, probe its attempt on
-     its pods: known to the agent → the pods are restored as leased to the job, and the
-     attempt is re-attached (still running) or finalized without a retry (finished during the
-     outage); unknown with every pod alive (never launched) → re-queued with a fresh attempt
-     id; a pod gone → a ``PodLost`` attempt, re-queued only within ``max_retries`` (else the
-     job fails ``PodLost``), as when a pod is lost while the broker runs.
+     every one of its pods (each rank of a gang): known to every agent → the pods are
+     restored as leased to the job, and the attempt is re-attached (a rank still running:
+     every rank is waited for, as a dispatched gang is) or finalized without a retry (every
+     rank finished during the outage); a gang rank that failed while the broker was down
+     fails the job with that rank's error, the other ranks stopped (``Executor.reattach``);
+     unknown to every agent with every pod alive (never launched) → re-queued with a fresh
+     attempt id; known to some ranks only (the broker died while launching the gang: those
+     ranks wait at the rendezvous for ranks that never come) → those ranks are cancelled and
+     the job re-queued as never launched; a pod gone → a ``PodLost`` attempt, re-queued only
+     within ``max_retries`` (else the job fails ``PodLost``), as when a pod is lost while the
+     broker runs.
   3. Results the pods still hold of jobs the store has ended (a crash between the answer and
      the archiving): the last attempt's log is archived and each result acknowledged.
      A re-attached attempt is waited for as long as a dispatched one
@@ -130,24 +136,45 @@ async def _live_pods(broker: Broker) -> tuple[dict[str, BackendPod], dict[str, l
     return live, held
 
 
-async def _probe_attempt(broker: Broker, job: Job, live: dict[str, BackendPod]) -> Any:
-    """The agent's record of the job's current attempt, or None if it cannot be found."""
+async def _probe_attempt(
+    broker: Broker, job: Job, live: dict[str, BackendPod]
+) -> list[dict[str, Any]] | None:
+    """Each rank's agent record of the job's current attempt, in rank order, or None if any
+    rank's cannot be found. A gang launched on some ranks only (the broker died between its
+    rank launches) has its launched ranks cancelled here: it is re-queued as never launched."""
     if not job.attempts:
         return None
     attempt = job.attempts[-1]
     if not attempt.pods or not all(p in live for p in attempt.pods):
         return None
-    endpoint = live[attempt.pods[0]].endpoint
-    for tried in range(1, PROBE_TRIES + 1):
-        try:
-            return await broker.agents.result(endpoint, attempt.id)
-        except AgentUnreachable as exc:
-            log.info("job %s: %s did not answer (try %d): %s", job.id, attempt.id, tried, exc)
-            if tried < PROBE_TRIES:
-                await asyncio.sleep(PROBE_BACKOFF_S * 2 ** (tried - 1))
-        except Exception as exc:
-            log.warning("job %s: probing %s failed: %r", job.id, attempt.id, exc)
-            return None
+
+    async def probe(pod: str) -> Any:
+        """The agent's answer for the attempt, asked ``PROBE_TRIES`` times with backoff
+        while the agent does not answer (a moment's load is no lost pod); None if it never
+        does, or fails otherwise."""
+        endpoint = live[pod].endpoint
+        for tried in range(1, PROBE_TRIES + 1):
+            try:
+                return await broker.agents.result(endpoint, attempt.id)
+            except AgentUnreachable as exc:
+                log.info(
+                    "job %s: %s on %s did not answer (try %d): %s",
+                    job.id, attempt.id, pod, tried, exc,
+                )  # fmt: skip
+                if tried < PROBE_TRIES:
+                    await asyncio.sleep(PROBE_BACKOFF_S * 2 ** (tried - 1))
+            except Exception as exc:
+                log.warning("job %s: probing %s on %s failed: %r", job.id, attempt.id, pod, exc)
+                return None
+        return None
+
+    bodies = await asyncio.gather(*(probe(p) for p in attempt.pods))
+    if all(isinstance(body, dict) for body in bodies):
+        return list(bodies)
+    known = [p for p, body in zip(attempt.pods, bodies, strict=True) if body is not None]
+    if known:
+        log.info("job %s: %s known on %s only; cancelling it there", job.id, attempt.id, known)
+        await broker.dispatcher.executor.cancel(known, attempt.id)
     return None
 
 
@@ -159,14 +186,14 @@ async def recover(broker: Broker) -> None:
         name: restored_pod(pod, broker.catalog.pools[pod.sku].hold_s, now)
         for name, pod in live.items()
     }
-    attached: list[tuple[Job, dict[str, Any]]] = []
+    attached: list[tuple[Job, list[dict[str, Any]]]] = []
     requeue: list[Job] = []
     for job in jobs:
         if job.state is not JobState.RUNNING:
             requeue.append(job)
             continue
-        body = await _probe_attempt(broker, job, live)
-        if body is None:
+        bodies = await _probe_attempt(broker, job, live)
+        if bodies is None:
             if await _lost_while_down(broker, job, live, now):
                 requeue.append(job)
             continue
@@ -174,7 +201,7 @@ async def recover(broker: Broker) -> None:
             info = infos[name]
             info.state, info.job_id = PodState.RUNNING, job.id
             info.owner, info.tag, info.queue = job.caller, job.lease_tag, job.queue
-        attached.append((job, body))
+        attached.append((job, bodies))
     attached_ids = {job.attempts[-1].id for job, _ in attached}
     await _settle_held(broker, live, held, attached_ids)
     await _reset_unbound(broker, live, infos)
@@ -197,13 +224,15 @@ async def recover(broker: Broker) -> None:
             job.move_to(JobState.QUEUED)
             await broker.jobs.update(job, revision)
         dispatcher.enqueue(job)
-    for job, body in attached:
+    for job, bodies in attached:
         pods = list(job.attempts[-1].pods)
         dispatcher.live[job.id] = job
-        if body.get("state") == AttemptState.RUNNING:
+        if len(pods) == 1 and bodies[0].get("state") != AttemptState.RUNNING:
+            await dispatcher.finish(
+                job, pods, Outcome.from_agent(bodies[0]), cancel_may_be_lost=True
+            )
+        else:  # running, or a gang: every rank's outcome combined as when dispatched
             dispatcher.spawn(_reattach(broker, job, pods))
-        else:
-            await dispatcher.finish(job, pods, Outcome.from_agent(body), cancel_may_be_lost=True)
     log.info(
         "recovered %d pods, re-attached %d jobs, queued %d", len(infos), len(attached), len(requeue)
     )

@@ -129,6 +129,7 @@ class Broker:
                 namespace=settings.k8s_namespace,
                 create_qps=settings.k8s_create_qps,
                 agent_port=settings.k8s_agent_port,
+                rendezvous_port=settings.k8s_rendezvous_port,
                 kubeconfig=settings.k8s_kubeconfig,
             ),
         )
@@ -218,7 +219,12 @@ class Broker:
             telemetry=self.telemetry,
         )
         self.recycler = recycler
-        executor = Executor(self.agents, pods.endpoints, self.packages.url)
+        executor = Executor(
+            self.agents,
+            pods.endpoints,
+            self.packages.url,
+            rendezvous_port=self.backend.rendezvous_port,
+        )
         self._dispatcher = Dispatcher(
             self.store,
             self.tracker,

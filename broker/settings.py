@@ -199,6 +199,31 @@ def _store_url(name: str, text: str) -> str | None:
     return text
 
 
+def _jwks_url(name: str, text: str) -> str | None:
+    """Empty: unset. Else an http:// or https:// URL with a host (where the keys are)."""
+    if not text:
+        return None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (a bad port raises ValueError)
+    except ValueError:
+        parts = urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _refuse(name, "an http:// or https:// URL with a host", text)
+    return text
+
+
+JWT_ROLES = ("invoke", "deploy", "admin")
+"""The roles a token may carry (``gateway.auth.Role``'s values, lowest first)."""
+
+
+def _role(name: str, text: str) -> str:
+    """One of ``JWT_ROLES``."""
+    if text not in JWT_ROLES:
+        raise _refuse(name, f"one of {', '.join(JWT_ROLES)}", text)
+    return text
+
+
 LOG_FORMATS = ("text", "json")
 """``firepool serve``'s log line formats (``gateway.log_format``)."""
 
@@ -350,6 +375,10 @@ class Settings:
     (FIREPOOL_K8S_CREATE_QPS)."""
     k8s_agent_port: Port = 8090
     """The port every pod's agent listens on, reached at the pod's IP (FIREPOOL_K8S_AGENT_PORT)."""
+    k8s_rendezvous_port: Port = 29500
+    """The port declared on every pod that a gang's rank 0 job listens on at its pod IP for
+    its ranks' rendezvous (``MASTER_PORT``; FIREPOOL_K8S_RENDEZVOUS_PORT). Local pods get a
+    free port per gang instead."""
     k8s_kubeconfig: Path | None = None
     """A kubeconfig file for the kubernetes backend (FIREPOOL_K8S_KUBECONFIG); unset: the
     in-cluster service account's configuration."""
@@ -401,7 +430,42 @@ class Settings:
     max_json_bytes: Count = 16 * 1024 * 1024
     """Largest JSON request body (an invoke's input included)."""
     audience: str = "firepool"
-    """JWT ``aud`` required on every token."""
+    """JWT ``aud`` required on every token the broker mints and checks."""
+    jwks_url: Annotated[str | None, _jwks_url] = None
+    """Also accept RS256/ES256 tokens signed by a key published at this JWKS URL
+    (FIREPOOL_JWKS_URL): the cluster's service-account issuer, a company's OIDC
+    (README, "Callers identified by the cluster"). Unset: only the broker's own
+    tokens. Needs ``jwt_issuer``."""
+    jwt_issuer: str | None = None
+    """The ``iss`` every JWKS token must carry (FIREPOOL_JWT_ISSUER)."""
+    jwt_audience: str | None = None
+    """The ``aud`` every JWKS token must carry (FIREPOOL_JWT_AUDIENCE); unset: ``audience``."""
+    jwt_caller_claim: str = "sub"
+    """The JWKS token claim that names the caller (FIREPOOL_JWT_CALLER_CLAIM); a non-empty
+    string in every token, else it is refused."""
+    jwt_role_claim: str | None = None
+    """The JWKS token claim that names the caller's role (FIREPOOL_JWT_ROLE_CLAIM): a role,
+    or a list (``groups``) whose highest role counts. Unset, or absent from a token:
+    ``jwt_default_role``."""
+    jwt_default_role: Annotated[str, _role] = "invoke"
+    """The role of a JWKS token that names none (FIREPOOL_JWT_DEFAULT_ROLE): invoke, deploy
+    or admin."""
+    jwks_timeout_s: Interval = 5.0
+    """Longest one fetch of the JWKS may take (FIREPOOL_JWKS_TIMEOUT_S)."""
+    jwks_cache_s: Interval = 300.0
+    """How long a fetched JWKS is used before it is fetched again (FIREPOOL_JWKS_CACHE_S)."""
+    jwks_refresh_s: Interval = 30.0
+    """Least time between fetches made for a key id the JWKS lacks, or after a failed fetch
+    (FIREPOOL_JWKS_REFRESH_S): a rotated key is found within it; forged tokens cannot make
+    the broker fetch more often, and while the JWKS is down its tokens get 503 with
+    ``Retry-After``."""
+    jwks_ca_file: Path | None = None
+    """CA bundle for an https JWKS URL (FIREPOOL_JWKS_CA_FILE; in a cluster, the service
+    account's ``ca.crt``); unset: the system's CAs."""
+    jwks_token_file: Path | None = None
+    """A file whose text is sent as a bearer token with each JWKS fetch, read again each time
+    (FIREPOOL_JWKS_TOKEN_FILE; in a cluster, the broker's own service-account ``token``: the
+    API server serves its JWKS to service accounts); unset: none is sent."""
     metrics: bool = True
     """Record the broker's event metrics (FIREPOOL_METRICS): acquisitions, start latencies,
     creates, deletes, resets, store commits, HTTP requests (``broker.telemetry``). Off, those
@@ -411,6 +475,14 @@ class Settings:
     """``firepool serve``'s log lines (FIREPOOL_LOG_FORMAT, ``--log-format``): ``text``, one
     readable line per event, or ``json``, one JSON object per line with the event's fields
     (docs/observability.md)."""
+
+    def __post_init__(self) -> None:
+        if self.jwks_url is not None and self.jwt_issuer is None:
+            raise InvalidRequest(
+                "FIREPOOL_JWT_ISSUER must be set with FIREPOOL_JWKS_URL: a JWKS token is "
+                "accepted only from the issuer it names",
+                field="FIREPOOL_JWT_ISSUER",
+            )
 
     @property
     def resolved_store_url(self) -> str:

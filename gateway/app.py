@@ -40,7 +40,7 @@ from functions.errors import (
 from functions.nesting import MAX_NESTING, nests_deeper
 from functions.resources import Resources
 from functions.spec import MAX_TIMEOUT_S, FunctionSpec
-from gateway.auth import Authenticator, Principal, Role
+from gateway.auth import Authenticator, Principal, Role, authenticator_for
 from gateway.dashboard.routes import dashboard_routes
 from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, error_headers, http_status, retry_after
@@ -148,9 +148,9 @@ async def _json_body(request: Request) -> bytes:
     return await read_body(request, _broker(request).settings.max_json_bytes)
 
 
-def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
+async def _principal(request: Request, role: Role = Role.INVOKE) -> Principal:
     auth: Authenticator = request.app.state.auth
-    principal = auth.authenticate(request.headers.get("authorization"))
+    principal = await auth.authenticate_async(request.headers.get("authorization"))
     request.scope[CALLER] = principal.caller  # the request log's; never the token
     principal.require(role)
     return principal
@@ -201,7 +201,7 @@ def _broker(request: Request) -> Broker:
 @queries()
 async def put_package(request: Request) -> Response:
     broker = _broker(request)
-    principal = _principal(request, Role.DEPLOY)
+    principal = await _principal(request, Role.DEPLOY)
     digest = request.path_params["sha256"]
     if request.method == "HEAD":  # 200 only to a caller who may use it: no existence oracle
         usable = await broker.may_use_package(digest, principal.caller, principal.is_admin)
@@ -227,7 +227,7 @@ async def authorise_upload(request: Request) -> Response:
     """How to upload a package of ``size`` bytes (``broker.package_uploads``): not at all,
     through ``PUT /v1/packages/{sha256}``, or straight to the object store."""
     broker = _broker(request)
-    principal = _principal(request, Role.DEPLOY)
+    principal = await _principal(request, Role.DEPLOY)
     size = decode(await _json_body(request), UPLOAD_FIELDS)["size"]
     if size < 0:
         raise InvalidRequest("size must be >= 0", field="size")
@@ -241,7 +241,7 @@ async def authorise_upload(request: Request) -> Response:
 async def complete_upload(request: Request) -> Response:
     """Verify a direct upload and record its caller as an uploader."""
     broker = _broker(request)
-    principal = _principal(request, Role.DEPLOY)
+    principal = await _principal(request, Role.DEPLOY)
     body = decode(await _json_body(request), COMPLETE_FIELDS)
     etags = body["etags"] or []
     if not all(isinstance(e, str) for e in etags):
@@ -282,7 +282,7 @@ def _read_chunks(blob: BinaryIO) -> Iterator[bytes]:
 # -- functions --------------------------------------------------------------------------
 async def create_function(request: Request) -> Response:
     broker = _broker(request)
-    principal = _principal(request, Role.DEPLOY)
+    principal = await _principal(request, Role.DEPLOY)
     body = decode(await _json_body(request), FUNCTION_FIELDS)
     command = body["command"]
     if command is not None and not all(isinstance(c, str) for c in command):
@@ -326,7 +326,7 @@ def function_view(spec: FunctionSpec, principal: Principal) -> dict[str, Any]:
 
 
 async def list_functions(request: Request) -> Response:
-    principal = _principal(request)
+    principal = await _principal(request)
     specs = await _broker(request).list_functions()
     return JSONResponse({"functions": [function_view(s, principal) for s in specs]})
 
@@ -343,12 +343,12 @@ async def function_target(request: Request) -> Response:
     broker = _broker(request)
     name: str = request.path_params["name"]
     if request.method == "DELETE":
-        principal = _principal(request, Role.DEPLOY)
+        principal = await _principal(request, Role.DEPLOY)
         caller = None if principal.is_admin else principal.caller
         if not await broker.delete_function(name, caller):
             raise NotFound(f"no function named {name!r}")
         return JSONResponse({"deleted": name})
-    principal = _principal(request)
+    principal = await _principal(request)
     return JSONResponse(function_view(await broker.latest_function(name), principal))
 
 
@@ -366,7 +366,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
     broker = _broker(request)
     if not broker.accepting:
         raise Unavailable(broker.refusal)
-    principal = _principal(request)
+    principal = await _principal(request)
     raw = await _json_body(request)
     body = decode(raw, INVOKE_FIELDS)
     check_invoke(body, raw)
@@ -394,7 +394,7 @@ async def _invoke(request: Request, name: str, sync: bool) -> Response:
 # -- jobs -------------------------------------------------------------------------------
 async def _visible_job(request: Request) -> tuple[Broker, Job]:
     broker = _broker(request)
-    principal = _principal(request)
+    principal = await _principal(request)
     job = await broker.get_job(request.path_params["job_id"])
     if job is None or (job.caller != principal.caller and not principal.is_admin):
         raise NotFound(f"no job {request.path_params['job_id']}")
@@ -414,7 +414,7 @@ async def job_route(request: Request) -> Response:
 @queries("state", "limit")
 async def list_jobs(request: Request) -> Response:
     broker = _broker(request)
-    principal = _principal(request)
+    principal = await _principal(request)
     state = request.query_params.get("state")
     states = None
     if state is not None:
@@ -446,7 +446,7 @@ async def job_logs(request: Request) -> Response:
 @queries("pods")
 async def pools(request: Request) -> Response:
     broker = _broker(request)
-    _principal(request, Role.ADMIN)
+    await _principal(request, Role.ADMIN)
     return JSONResponse(broker.pool_report(with_pods=query_switch(request, "pods")))
 
 
@@ -585,5 +585,5 @@ def create_app(broker: Broker) -> Starlette:
     gangs = {sku: broker.catalog.largest_gang(sku) for sku in broker.catalog.pools}
     app.state.openapi = with_pools(OPENAPI, gangs)
     settings = broker.settings
-    app.state.auth = Authenticator(broker.signing_key, settings.audience, settings.token_cache_size)
+    app.state.auth = authenticator_for(broker.signing_key, settings)
     return app

@@ -252,7 +252,8 @@ def _op(
         "403": {"description": "the token's role may not do this", "content": _json(_ERROR)},
         "500": {"description": "an internal error (logged)", "content": _json(_ERROR)},
         "503": {
-            "description": "the broker is shutting down, or its job store failed: try again",
+            "description": "the broker is shutting down, its job store failed, or the JWKS "
+            "a token needs could not be fetched: try again",
             "headers": {"Retry-After": _RETRY_AFTER},
             "content": _json(_ERROR),
         },

@@ -79,7 +79,7 @@ def page(*queries: str) -> Callable[[Page], Callable[[Request], Awaitable[Respon
         @functools.wraps(handler)
         async def run(request: Request) -> Response:
             try:
-                dashboard_admin(request)
+                await dashboard_admin(request)
                 for name in request.query_params:
                     if name not in queries:
                         raise InvalidRequest(f"this page takes no {name!r} parameter", field=name)
@@ -204,7 +204,7 @@ async def login(request: Request) -> Response:
     try:
         check_same_origin(request)
         token = await login_token(request)
-        principal = admin_of_token(request, token)
+        principal = await admin_of_token(request, token)
     except FirepoolError as exc:
         return render(request, "login.html", status=http_status(exc), message=exc.message)
     response = RedirectResponse(f"{ROOT}/", status_code=303, headers=SECURITY_HEADERS)

@@ -43,14 +43,14 @@ caching of pages that show other callers' jobs, no URL of a page (job ids) sent 
 site. (``no-referrer`` would make Chromium send ``Origin: null`` with the login form.)"""
 
 
-def dashboard_admin(request: Request) -> Principal:
+async def dashboard_admin(request: Request) -> Principal:
     """The admin behind ``request``: its login cookie, else its ``Authorization`` header.
     ``Unauthorized`` without a valid token, ``Forbidden`` for a token without the admin
     role."""
     auth: Authenticator = request.app.state.auth
     token = request.cookies.get(COOKIE)
     header = f"Bearer {token}" if token else request.headers.get("authorization")
-    principal = auth.authenticate(header)
+    principal = await auth.authenticate_async(header)
     principal.require(Role.ADMIN)
     return principal
 
@@ -85,10 +85,10 @@ async def login_token(request: Request) -> str:
     return tokens[0]
 
 
-def admin_of_token(request: Request, token: str) -> Principal:
+async def admin_of_token(request: Request, token: str) -> Principal:
     """The admin ``token`` names (``Unauthorized``/``Forbidden`` as ``dashboard_admin``)."""
     auth: Authenticator = request.app.state.auth
-    principal = auth.authenticate(f"Bearer {token}")
+    principal = await auth.authenticate_async(f"Bearer {token}")
     principal.require(Role.ADMIN)
     return principal
 

@@ -52,8 +52,28 @@ class BackendPod:
     annotations: dict[str, str] = field(default_factory=dict)
     """The pod's annotations as last written by ``annotate``."""
 
+    @property
+    def host(self) -> str:
+        """The address other pods reach this pod at (``endpoint_host``)."""
+        return endpoint_host(self.endpoint)
+
+
+def endpoint_host(endpoint: str) -> str:
+    """The address other pods reach the pod of agent ``endpoint`` at: the host of a
+    ``tcp:HOST:PORT`` endpoint (a pod's IP on a cluster), ``127.0.0.1`` for a ``unix:`` one
+    (a local pod shares the broker's host)."""
+    if endpoint.startswith("tcp:"):
+        host = endpoint[4:].partition("#")[0].rpartition(":")[0]
+        return host.strip("[]") or "127.0.0.1"
+    return "127.0.0.1"
+
 
 class PodBackend(Protocol):
+    rendezvous_port: int | None
+    """The port a gang's rank 0 pod owns for its ranks' rendezvous (``MASTER_PORT``), declared
+    on every pod this backend makes, each reached at its own address (``BackendPod.host``).
+    None: pods share the broker's host, so a free port is picked for each gang attempt."""
+
     async def create(
         self, name: str, pool: PoolSpec, role: str = "active", gpu: str | None = None
     ) -> BackendPod:

@@ -32,6 +32,8 @@ class KubernetesOptions:
     """Pod creates per second, at most."""
     agent_port: int = 8090
     """Where every pod's agent listens, at its pod IP."""
+    rendezvous_port: int = 29500
+    """The port declared on every pod that a gang's rank 0 listens on (``MASTER_PORT``)."""
     kubeconfig: Path | None = None
     """None: the in-cluster configuration."""
 

@@ -100,6 +100,9 @@ class FakePodRegistry:
 class FakeBackend:
     """Pods as in-memory agents in this event loop (see the module docstring for the limits)."""
 
+    rendezvous_port: int | None = None
+    """None: fake pods share the broker's host: each gang gets a free port."""
+
     def __init__(
         self,
         root: Path,

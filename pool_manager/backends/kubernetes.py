@@ -103,6 +103,7 @@ class KubernetesBackend:
         agent_key: bytes,
         *,
         agent_port: int = 8090,
+        rendezvous_port: int | None = 29500,
         create_qps: float = 20.0,
         ip_timeout_s: float = 300.0,
         delete_wait_s: float = 30.0,
@@ -113,6 +114,8 @@ class KubernetesBackend:
         self.api = api
         self.agent_key = agent_key
         self.agent_port = agent_port
+        self.rendezvous_port = rendezvous_port
+        """Declared on every pod; a gang's rank 0 listens on it at its pod IP."""
         self.ip_timeout_s = ip_timeout_s
         self.delete_wait_s = delete_wait_s
         self.resync_s = resync_s
@@ -135,6 +138,7 @@ class KubernetesBackend:
             KubeApi(connect(options.kubeconfig), options.namespace),
             agent_key,
             agent_port=options.agent_port,
+            rendezvous_port=options.rendezvous_port,
             create_qps=options.create_qps,
         )
 
@@ -237,7 +241,8 @@ class KubernetesBackend:
             raise ValueError(f"pod {name} already exists")
         created = time.time()
         manifest = pod_manifest(name, pool, role, gpu, namespace=self.api.namespace,
-                                port=self.agent_port, created=created)  # fmt: skip
+                                port=self.agent_port, created=created,
+                                rendezvous_port=self.rendezvous_port)  # fmt: skip
         secret = secret_manifest(name, pool, pod_secret(self.agent_key, name), self.api.namespace)
         async with self._create_lock:
             await self.pacer.wait()

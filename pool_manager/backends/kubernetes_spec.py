@@ -86,20 +86,26 @@ def pod_manifest(
     namespace: str,
     port: int,
     created: float,
+    rendezvous_port: int | None = None,
 ) -> dict[str, Any]:
-    """The pod ``name`` of ``pool``. Raises ``ValueError`` for a pool without a template."""
+    """The pod ``name`` of ``pool``, its agent on ``port`` and, when given, the gang
+    rendezvous port its job listens on as a gang's rank 0 (``MASTER_PORT``) declared beside
+    it. Raises ``ValueError`` for a pool without a template."""
     template = pool.pod_template
     if template is None:
         raise ValueError(f"pool {pool.sku} has no pod template (its catalog entry's template:)")
     annotations = {ANNOTATION_TEMPLATE: pool.template, ANNOTATION_CREATED: repr(created)}
     if gpu is not None:
         annotations[ANNOTATION_GPU] = gpu
+    ports = [{"name": "agent", "containerPort": port, "protocol": "TCP"}]
+    if rendezvous_port is not None:
+        ports.append({"name": "rendezvous", "containerPort": rendezvous_port, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": "agent",
         "image": template.image,
         "command": list(template.command or AGENT_COMMAND),
         "args": agent_args(name, pool, role, gpu, port),
-        "ports": [{"name": "agent", "containerPort": port, "protocol": "TCP"}],
+        "ports": ports,
         "env": [
             {
                 "name": SECRET_ENV,

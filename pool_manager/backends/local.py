@@ -177,6 +177,9 @@ def free_tcp_port(host: str) -> int:
 class LocalBackend:
     """Pods as local agent processes under ``root``."""
 
+    rendezvous_port: int | None = None
+    """None: local pods share the broker's host: each gang gets a free port."""
+
     def __init__(
         self,
         root: Path,

@@ -8,11 +8,18 @@ REAL local pod agent (``local.spawn_agent``, as the local backend does, without 
 the emulator is the container runtime) with the pod's own arguments, its secret read from the
 pod's Secret (what ``secretKeyRef`` gives a container), listening at the pod's IP (a loopback
 address of its own, ``127.n.x.y``) on the pod's agent port; then writes the pod's status back
-(Running, podIP, Ready) and a finalizer of its own, so that a delete, as on a real cluster,
-only marks the pod (``deletionTimestamp``) until the emulator has stopped its agent
-(``local.stop_pod``) and removed the finalizer. An agent that dies is reported as a terminated
-container, phase Failed. ``run_agents=False`` starts no agent (status only: the scale
-benchmark's 2,000 pods).
+(Running, podIP, hostIP, Ready, and the node in ``spec.nodeName``) and a finalizer of its
+own, so that a delete, as on a real cluster, only marks the pod (``deletionTimestamp``) until
+the emulator has stopped its agent (``local.stop_pod``) and removed the finalizer. An agent
+that dies is reported as a terminated container, phase Failed. ``run_agents=False`` starts
+no agent (status only: the scale benchmark's 2,000 pods).
+
+Nodes: ``nodes`` emulated nodes (``node-0``, ``node-1``...) take pods in turn, each with a
+pod address range of its own (``127.n.<node's block>.y``, its ``hostIP`` ``127.n.<block>.254``),
+as a cluster's nodes each route a pod CIDR: two pods on two nodes have addresses that differ
+beyond the last byte, and a job on one reaches a port a job on the other binds at its pod IP
+only through that address (Linux routes all of 127.0.0.0/8 to ``lo``, so every address is
+local: what differs from real nodes is that nothing separates them, no firewall nor latency).
 
 What kmock does not do (each written beside the test that needs it): it ignores label
 selectors (every pod of the namespace is listed and watched: the backend filters by its label
@@ -103,7 +110,9 @@ class NodeEmulator:
     """The kubelet of every pod of ``namespace`` (see the module docstring). Runs on the
     cluster's loop; talks to the API server only over HTTP."""
 
-    def __init__(self, url: str, root: Path, namespace: str, run_agents: bool) -> None:
+    def __init__(
+        self, url: str, root: Path, namespace: str, run_agents: bool, nodes: int = 1
+    ) -> None:
         self.url = url
         self.root = root
         self.namespace = namespace
@@ -115,7 +124,11 @@ class NodeEmulator:
         self._net = random.randrange(2, 250)
         """The second byte of this cluster's pod IPs (127.<net>.x.y): clusters of parallel
         test runs rarely share addresses."""
-        self._next_ip = 0
+        self.nodes = [f"node-{i}" for i in range(nodes)]
+        self.placed: dict[str, str] = {}
+        """Pods given a node: name -> node name."""
+        self._next_ip = [0] * nodes
+        self._placements = 0
         self._children: set[int] = set()
         self._http: aiohttp.ClientSession | None = None
 
@@ -131,10 +144,18 @@ class NodeEmulator:
         ) as resp:  # fmt: skip
             await resp.read()
 
-    def _ip(self) -> str:
-        self._next_ip += 1
-        n = self._next_ip
-        return f"127.{self._net}.{n // 250}.{n % 250 + 1}"
+    NODE_BLOCK = 32
+    """Third bytes each node's pod addresses span (250 pods each)."""
+
+    def _place(self) -> tuple[str, str, str]:
+        """The next pod's node (in turn), its pod IP in that node's range, the node's IP."""
+        node = self._placements % len(self.nodes)
+        self._placements += 1
+        self._next_ip[node] += 1
+        n = self._next_ip[node]
+        block = node * self.NODE_BLOCK
+        ip = f"127.{self._net}.{block + n // 250}.{n % 250 + 1}"
+        return self.nodes[node], ip, f"127.{self._net}.{block}.254"
 
     async def run(self) -> None:
         self._http = aiohttp.ClientSession()
@@ -169,8 +190,9 @@ class NodeEmulator:
     async def _start(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
-        ip = self._ip()
+        node, ip, host_ip = self._place()
         self.started[name] = ip
+        self.placed[name] = node
         if self.run_agents:
             port = container["ports"][0]["containerPort"]
             env = pod_environment(os.environ)
@@ -185,11 +207,11 @@ class NodeEmulator:
             self.pods[name] = pid
             self._children.add(pid)
         status = {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": host_ip,
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": "agent", "ready": True, "state": {"running": {}}}],
         }  # fmt: skip
-        body: dict[str, Any] = {"status": status}
+        body: dict[str, Any] = {"spec": {"nodeName": node}, "status": status}
         if self.run_agents:
             body["metadata"] = {"finalizers": [FINALIZER]}
         await self._patch(name, body)
@@ -244,10 +266,13 @@ class NodeEmulator:
 class EmulatedCluster:
     """kmock's API server and the node emulator on a loop in a thread of their own."""
 
-    def __init__(self, root: Path, namespace: str = NAMESPACE, run_agents: bool = True) -> None:
+    def __init__(
+        self, root: Path, namespace: str = NAMESPACE, run_agents: bool = True, nodes: int = 1
+    ) -> None:
         self.root = root
         self.namespace = namespace
         self.run_agents = run_agents
+        self.nodes = nodes
         self.url = ""
         self.kmock: LoggingEmulator | None = None
         self.node: NodeEmulator | None = None
@@ -267,7 +292,9 @@ class EmulatedCluster:
             kmock.resources["v1/secrets"] = {}
             self.kmock = kmock
             self.url = str(server.url).rstrip("/")
-            self.node = NodeEmulator(self.url, self.root, self.namespace, self.run_agents)
+            self.node = NodeEmulator(
+                self.url, self.root, self.namespace, self.run_agents, self.nodes
+            )
             node = asyncio.create_task(self.node.run())
             self._ready.set()
             await self._stopped.wait()
@@ -315,8 +342,10 @@ class EmulatedCluster:
 
 
 @contextlib.contextmanager
-def emulated_cluster(root: Path, run_agents: bool = True) -> Iterator[EmulatedCluster]:
-    cluster = EmulatedCluster(root, run_agents=run_agents).start()
+def emulated_cluster(
+    root: Path, run_agents: bool = True, nodes: int = 1
+) -> Iterator[EmulatedCluster]:
+    cluster = EmulatedCluster(root, run_agents=run_agents, nodes=nodes).start()
     try:
         yield cluster
     finally:

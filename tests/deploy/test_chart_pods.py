@@ -23,23 +23,24 @@ def chart_catalog(objects: list[dict[str, Any]]) -> Catalog:
     return Catalog.from_mapping(yaml.safe_load(config["data"]["catalog.yaml"]))
 
 
-def agent_port(objects: list[dict[str, Any]]) -> int:
+def agent_port(objects: list[dict[str, Any]], name: str = "FIREPOOL_K8S_AGENT_PORT") -> int:
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {var["name"]: var.get("value") for var in container["env"]}
-    return int(env["FIREPOOL_K8S_AGENT_PORT"])
+    return int(env[name])
 
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_every_pool_makes_pods_and_secrets_the_schemas_accept(values: str) -> None:
     objects = render(VALUE_SETS[values])
     port = agent_port(objects)
+    rendezvous = agent_port(objects, "FIREPOOL_K8S_RENDEZVOUS_PORT")
     catalog = chart_catalog(objects)
     for sku, pool in catalog.pools.items():
         roles = ["active", "standby"] if pool.standbys_per_active else ["active"]
         gpu = "GPU-00000000-0000-0000-0000-000000000000" if pool.is_gpu else None
         for role in roles:
             pod = pod_manifest(f"fp-{sku}-{role}", pool, role, gpu, namespace=NAMESPACE,
-                               port=port, created=0.0)  # fmt: skip
+                               port=port, created=0.0, rendezvous_port=rendezvous)  # fmt: skip
             validate(pod)
             validate(secret_manifest(f"fp-{sku}-{role}", pool, "s3cret", NAMESPACE))
             assert pod["metadata"]["labels"][LABEL_POOL] == sku

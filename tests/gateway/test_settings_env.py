@@ -28,6 +28,7 @@ def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 SAMPLES = {
     "home": ("/srv/fp", Path("/srv/fp")),
     "host": ("0.0.0.0", "0.0.0.0"),
@@ -54,6 +55,7 @@ SAMPLES = {
     "k8s_namespace": ("firepool", "firepool"),
     "k8s_create_qps": ("5.5", 5.5),
     "k8s_agent_port": ("9090", 9090),
+    "k8s_rendezvous_port": ("29400", 29400),
     "k8s_kubeconfig": ("/srv/kubeconfig", Path("/srv/kubeconfig")),
     "allow_unsandboxed": ("1", True),
     "result_retention_s": ("inf", float("inf")),
@@ -69,6 +71,17 @@ SAMPLES = {
     "max_body_bytes": ("1048576", 1048576),
     "max_json_bytes": ("65536", 65536),
     "audience": ("firepool-staging", "firepool-staging"),
+    "jwks_url": ("https://kubernetes.default.svc/openid/v1/jwks",) * 2,
+    "jwt_issuer": ("https://kubernetes.default.svc.cluster.local",) * 2,
+    "jwt_audience": ("firepool-cluster", "firepool-cluster"),
+    "jwt_caller_claim": ("email", "email"),
+    "jwt_role_claim": ("groups", "groups"),
+    "jwt_default_role": ("deploy", "deploy"),
+    "jwks_timeout_s": ("2.5", 2.5),
+    "jwks_cache_s": ("600", 600.0),
+    "jwks_refresh_s": ("10", 10.0),
+    "jwks_ca_file": (CA_FILE, Path(CA_FILE)),
+    "jwks_token_file": ("/var/run/secrets/tokens/sa", Path("/var/run/secrets/tokens/sa")),
     "metrics": ("false", False),
     "log_format": ("json", "json"),
 }
@@ -145,6 +158,11 @@ def test_every_variable_is_in_the_readme_configuration_table() -> None:
         ("FIREPOOL_METRICS", "on", "1, true, 0 or false"),
         ("FIREPOOL_AUDIENCE", "", "a non-empty string"),
         ("FIREPOOL_HOST", " ", "a non-empty string"),
+        ("FIREPOOL_JWKS_URL", "kubernetes.default.svc", "an http:// or https:// URL with a host"),
+        ("FIREPOOL_JWT_DEFAULT_ROLE", "root", "one of invoke, deploy, admin"),
+        ("FIREPOOL_JWT_CALLER_CLAIM", "", "a non-empty string"),
+        ("FIREPOOL_JWKS_REFRESH_S", "0", "a number of seconds > 0"),
+        ("FIREPOOL_JWKS_TIMEOUT_S", "inf", "a number of seconds > 0"),
         ("FIREPOOL_HOME", "", "a non-empty string"),
         ("FIREPOOL_PUBLIC_URL", "ftp://x", "an http:// or https:// URL with a host"),
         ("FIREPOOL_PUBLIC_URL", "localhost:8080", "an http:// or https:// URL with a host"),

@@ -35,6 +35,53 @@ def ranks(request):
     return {k: os.environ.get(k) for k in keys}
 
 
+def rendezvous(request):
+    """Rank 0 listens at MASTER_ADDR:MASTER_PORT (that address only, as a cluster pod's
+    rank 0 would at its pod IP); rank 1 connects there and they swap a line each. Returns
+    the rank's env and what it heard."""
+    import socket
+
+    env = {k: os.environ.get(k) for k in (
+        "RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT",
+    )}  # fmt: skip
+    address = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    deadline = time.monotonic() + float(request or 20)
+    if env["RANK"] == "0":
+        with socket.create_server(address) as server:
+            server.settimeout(max(0.1, deadline - time.monotonic()))
+            peer, _ = server.accept()
+            with peer, peer.makefile("rw") as stream:
+                heard = stream.readline().strip()
+                stream.write(f"welcome from rank 0 at {address[0]}\n")
+                stream.flush()
+        return {**env, "heard": heard}
+    while True:  # rank 0 may not listen yet
+        try:
+            peer = socket.create_connection(address, timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    with peer, peer.makefile("rw") as stream:
+        stream.write(f"hello from rank {env['RANK']}\n")
+        stream.flush()
+        heard = stream.readline().strip()
+    return {**env, "heard": heard}
+
+
+def gang_pids(request):
+    """Each rank appends its pid to ``<dir>/rank-<RANK>.runs`` (one line per run), then
+    sleeps ``seconds``. ``request``:
+    ``{"dir": ..., "seconds": ...}``."""
+    rank = os.environ["RANK"]
+    with open(os.path.join(request["dir"], f"rank-{rank}.runs"), "a") as runs:
+        runs.write(f"{os.getpid()}\n")
+    time.sleep(float(request["seconds"]))
+    return {"rank": rank, "pid": os.getpid()}
+
+
 def rank_one_fails(request):
     """Rank 1 fails at once; every other rank sleeps ``request`` seconds."""
     if os.environ.get("RANK") == "1":
