@@ -20,6 +20,9 @@ from gateway.harness import REPO
         ("invoke", "--calls", "-3"),
         ("invoke", "--warmup", "-1"),
         ("crash", "--kills", "0"),
+        ("invoke", "--rounds", "0"),
+        ("verifier_loop", "--checks", "0"),
+        ("backlog", "--pods", "0"),
     ],
 )
 def test_a_count_out_of_range_is_one_error_line_and_exit_2(
