@@ -6,7 +6,8 @@ pool capped at ``--pods`` pods (ready before the clock starts) is sent that many
 jobs at once (``POST /v1/functions/noop/jobs``, ``--senders`` at a time; the pool drains far
 slower than they arrive, so the queue stands near the depth), then left to drain; the
 broker process's CPU (/proc: ``utime + stime``, every thread) from the first submit to the
-last job's end, divided by the jobs, is ``broker_cpu_ms_per_job``. The goal:
+moment the last job has ended (the benchmark's own sweep of ``GET``s that checks every job
+succeeded comes after), divided by the jobs, is ``broker_cpu_ms_per_job``. The goal:
 ``ratio`` (the deepest depth's over the shallowest's) <= 1.25.
 
 ``--backend fake`` (the default) runs pods inside the broker process
@@ -27,6 +28,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,21 +72,32 @@ async def _submit(url: str, token: str, jobs: int, senders: int) -> list[str]:
     return ids
 
 
-async def _drained(url: str, token: str, ids: list[str], poll_s: float) -> int:
-    """Wait until every job has ended (the last ones submitted are checked first, and a job
-    once seen ended is not asked about again); returns how many succeeded."""
+async def _drained(
+    url: str, token: str, ids: list[str], poll_s: float, mark: Callable[[], None]
+) -> int:
+    """Wait until every job has ended; returns how many succeeded. ``mark`` is called when
+    the last job submitted has ended and again whenever an earlier one is found still
+    running, so its last call is the moment the queue drained, before the sweep of
+    ``GET``s over the rest (work per job that is the benchmark's, not the broker's)."""
     headers = {"Authorization": f"Bearer {token}"}
-    pending = list(reversed(ids))
     succeeded = 0
     async with aiohttp.ClientSession(headers=headers) as http:
-        while pending:
-            async with http.get(f"{url}/v1/jobs/{pending[0]}") as resp:
-                state = orjson.loads(await resp.read())["state"]
-            if state in TERMINAL:
-                succeeded += state == "SUCCEEDED"
-                pending.pop(0)
-            else:
-                await asyncio.sleep(poll_s)
+
+        async def state(job_id: str) -> str:
+            async with http.get(f"{url}/v1/jobs/{job_id}") as resp:
+                return str(orjson.loads(await resp.read())["state"])
+
+        while (last := await state(ids[-1])) not in TERMINAL:
+            await asyncio.sleep(poll_s)
+        mark()
+        succeeded += last == "SUCCEEDED"
+        for job_id in ids[:-1]:
+            ended = await state(job_id)
+            if ended not in TERMINAL:
+                while (ended := await state(job_id)) not in TERMINAL:
+                    await asyncio.sleep(poll_s)
+                mark()
+            succeeded += ended == "SUCCEEDED"
     return succeeded
 
 
@@ -124,9 +137,13 @@ def one_depth(jobs: int, pods: int, senders: int, backend: str) -> dict[str, Any
             cpu0, t0 = process_cpu_s(server.proc.pid), time.perf_counter()
             ids = asyncio.run(_submit(server.url, token, jobs, senders))
             submitted = time.perf_counter() - t0
-            succeeded = asyncio.run(_drained(server.url, token, ids, poll_s=0.5))
-            wall = time.perf_counter() - t0
-            cpu = process_cpu_s(server.proc.pid) - cpu0
+            drained: list[tuple[float, float]] = []
+
+            def mark() -> None:
+                drained.append((process_cpu_s(server.proc.pid), time.perf_counter()))
+
+            succeeded = asyncio.run(_drained(server.url, token, ids, 0.2, mark))
+            cpu, wall = drained[-1][0] - cpu0, drained[-1][1] - t0
         finally:
             server.stop()
             kill_pods(home)
