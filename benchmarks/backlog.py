@@ -74,31 +74,31 @@ async def _submit(url: str, token: str, jobs: int, senders: int) -> list[str]:
 
 async def _drained(
     url: str, token: str, ids: list[str], poll_s: float, mark: Callable[[], None]
-) -> int:
-    """Wait until every job has ended; returns how many succeeded. ``mark`` is called when
-    the last job submitted has ended and again whenever an earlier one is found still
-    running, so its last call is the moment the queue drained, before the sweep of
+) -> list[dict[str, Any]]:
+    """Wait until every job has ended; returns the jobs that did not succeed. ``mark`` is
+    called when the last job submitted has ended and again whenever an earlier one is found
+    still running, so its last call is the moment the queue drained, before the sweep of
     ``GET``s over the rest (work per job that is the benchmark's, not the broker's)."""
     headers = {"Authorization": f"Bearer {token}"}
-    succeeded = 0
+    failed: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(headers=headers) as http:
 
-        async def state(job_id: str) -> str:
+        async def ended(job_id: str) -> dict[str, Any] | None:
             async with http.get(f"{url}/v1/jobs/{job_id}") as resp:
-                return str(orjson.loads(await resp.read())["state"])
+                job: dict[str, Any] = orjson.loads(await resp.read())
+            return job if job.get("state") in TERMINAL else None
 
-        while (last := await state(ids[-1])) not in TERMINAL:
-            await asyncio.sleep(poll_s)
-        mark()
-        succeeded += last == "SUCCEEDED"
-        for job_id in ids[:-1]:
-            ended = await state(job_id)
-            if ended not in TERMINAL:
-                while (ended := await state(job_id)) not in TERMINAL:
+        for n, job_id in enumerate(reversed(ids)):
+            job = await ended(job_id)
+            if job is None:
+                while (job := await ended(job_id)) is None:
                     await asyncio.sleep(poll_s)
                 mark()
-            succeeded += ended == "SUCCEEDED"
-    return succeeded
+            elif n == 0:
+                mark()
+            if job["state"] != "SUCCEEDED":
+                failed.append({"job_id": job_id, "state": job["state"], "error": job.get("error")})
+    return failed
 
 
 async def _wait_pods(url: str, token: str, pods: int, timeout_s: float = 120.0) -> None:
@@ -142,15 +142,15 @@ def one_depth(jobs: int, pods: int, senders: int, backend: str) -> dict[str, Any
             def mark() -> None:
                 drained.append((process_cpu_s(server.proc.pid), time.perf_counter()))
 
-            succeeded = asyncio.run(_drained(server.url, token, ids, 0.2, mark))
+            failed = asyncio.run(_drained(server.url, token, ids, 0.2, mark))
             cpu, wall = drained[-1][0] - cpu0, drained[-1][1] - t0
         finally:
             server.stop()
             kill_pods(home)
-    if succeeded != jobs:
-        raise RuntimeError(f"{jobs - succeeded} of {jobs} jobs did not succeed")
     return {
         "jobs": jobs,
+        "not_succeeded": len(failed),  # counted, not fatal: one odd job must not void a run
+        "not_succeeded_first": failed[:3],
         "broker_cpu_ms_per_job": round(cpu * 1000 / jobs, 3),
         "wall_ms_per_job": round(wall * 1000 / jobs, 3),
         "submit_s": round(submitted, 3),
