@@ -61,6 +61,7 @@ def test_the_backlog_benchmark_measures_broker_cpu_per_job_at_each_depth() -> No
     low, high = result["depths"]
     assert (low["jobs"], high["jobs"]) == (4, 12)
     assert high["broker_cpu_ms_per_job"] > 0
+    assert {"not_succeeded", "wall_ms_per_job", "load_average"} <= high.keys()
     assert result["ratio"] == round(
         high["broker_cpu_ms_per_job"] / max(low["broker_cpu_ms_per_job"], 1e-9), 3
     )
