@@ -22,6 +22,9 @@ from gateway.harness import REPO
         ("crash", "--kills", "0"),
         ("load", "--hold-s", "0"),
         ("load", "--callers", "-1"),
+        ("invoke", "--rounds", "0"),
+        ("verifier_loop", "--checks", "0"),
+        ("backlog", "--pods", "0"),
     ],
 )
 def test_a_count_out_of_range_is_one_error_line_and_exit_2(
