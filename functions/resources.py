@@ -74,7 +74,8 @@ class Resources:
         if accelerator == "cpu" and gpus:
             raise InvalidRequest("resources: gpus on the cpu accelerator",
                                  field="resources.accelerator")  # fmt: skip
-        return cls(cpu=float(cpu), memory_mb=memory, gpus=gpus, accelerator=accelerator)
+        memory_mb = int(memory) if memory is not None else None
+        return cls(cpu=float(cpu), memory_mb=memory_mb, gpus=int(gpus), accelerator=accelerator)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"cpu": self.cpu, "gpus": self.gpus}
@@ -90,4 +91,8 @@ def _number(value: object) -> bool:
 
 
 def _whole(value: object) -> bool:
+    """A whole number as JSON has it: ``2`` or ``2.0`` (JSON has one number type, and JSON
+    Schema's ``integer`` takes both), not ``true``."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)

@@ -582,8 +582,7 @@ def create_app(broker: Broker) -> Starlette:
         },
     )
     app.state.broker = broker
-    gangs = {sku: broker.catalog.largest_gang(sku) for sku in broker.catalog.pools}
-    app.state.openapi = with_pools(OPENAPI, gangs)
+    app.state.openapi = with_pools(OPENAPI, broker.catalog)
     settings = broker.settings
     app.state.auth = authenticator_for(broker.signing_key, settings)
     return app

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from functions.packaging import MAX_PACKAGE_BYTES
 from functions.spec import DIGEST_RE, ENTRYPOINT_RE, NAME_RE
 from gateway.decoding import INTEGER_RANGE, Field
 from pod_runtime.jobenv import (
@@ -28,6 +29,7 @@ from pod_runtime.jobenv import (
 from pod_runtime.jobenv import (
     NAME_RE as ENV_NAME_RE,
 )
+from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.model import PATH_ORDER
 from pool_manager.states import JobState
 
@@ -84,24 +86,66 @@ def json_value_schema() -> dict[str, Any]:
     }
 
 
-def with_pools(document: Mapping[str, Any], largest_gangs: Mapping[str, int]) -> dict[str, Any]:
+def with_pools(document: Mapping[str, Any], catalog: Catalog) -> dict[str, Any]:
     """``document`` as one broker serves it, with what registration checks against its
     catalog: a function's ``sku`` is one of its pools, and its ``pods`` at most that pool's
-    ``largest_gang`` (``largest_gangs``: pool name to it). A deep copy: ``document`` is left
-    as it is."""
+    ``largest_gang``; its ``resources`` fit some pool (``resources_fit``). A deep copy:
+    ``document`` is left as it is."""
+    largest_gangs = {sku: catalog.largest_gang(sku) for sku in catalog.pools}
     served = copy.deepcopy(dict(document))
     body = served["paths"]["/v1/functions"]["post"]["requestBody"]["content"]
     schema = body["application/json"]["schema"]
     schema["properties"]["sku"]["enum"] = sorted(largest_gangs)
+    schema["properties"]["resources"]["anyOf"] = [
+        {"type": "null"},
+        *(resources_fit(pool) for _, pool in sorted(catalog.pools.items())),
+    ]
     schema["allOf"] = [
+        *schema.get("allOf", ()),
         {
             "anyOf": [
                 {"properties": {"sku": {"const": sku}, "pods": {"maximum": most}}}
                 for sku, most in sorted(largest_gangs.items())
             ]
-        }
+        },
     ]
     return served
+
+
+def resources_fit(pool: PoolSpec) -> dict[str, Any]:
+    """The ``resources`` that ``pool`` holds, as ``Catalog.smallest_fit`` judges: a CPU
+    request of at most its cores (a CPU pool), or a GPU request (GPUs or a GPU accelerator
+    asked) of at most its GPUs on its accelerator (a GPU pool); memory within its limit."""
+    props: dict[str, Any] = {}
+    if pool.memory_limit_mb is not None:
+        props["memory"] = {"maximum": pool.memory_limit_mb}
+    if not pool.is_gpu:
+        props |= {
+            "cpu": {"maximum": pool.units_per_pod},
+            "gpus": {"maximum": 0},
+            "accelerator": {"const": "cpu"},
+        }
+        return {"properties": props}
+    props |= {"gpus": {"maximum": pool.units_per_pod}, "accelerator": {"const": pool.accelerator}}
+    asks_gpu = [{"required": ["gpus"], "properties": {"gpus": {"minimum": 1}}},
+                {"required": ["accelerator"]}]  # fmt: skip
+    return {"properties": props, "anyOf": asks_gpu}
+
+
+def resources_schema() -> dict[str, Any]:
+    """A function's ``resources``, as ``functions.resources.Resources.from_json`` takes them
+    (whether some pool fits them is the catalog's to say: a 400 naming its largest pool)."""
+    return {
+        "type": ["object", "null"],
+        "minProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "cpu": {"type": "number", "exclusiveMinimum": 0},
+            "memory": {"type": "integer", "minimum": 1, "description": "MiB"},
+            "gpus": {"type": "integer", "minimum": 0},
+            "accelerator": {"type": "string", "minLength": 1},
+        },
+    }
 
 
 def env_schema() -> dict[str, Any]:
@@ -314,14 +358,31 @@ def build_openapi(
             "pods": {"minimum": 1, "maximum": 64},
         },
     )
-    function["oneOf"] = [  # exactly one of them, as ``FunctionSpec.validate`` demands
-        {
-            "required": ["entrypoint"],
-            "properties": {"entrypoint": {"type": "string"}, "command": {"type": "null"}},
+    function["properties"]["resources"].update(resources_schema())
+    function["allOf"] = [
+        {  # exactly one of them, as ``FunctionSpec.validate`` demands
+            "oneOf": [
+                {
+                    "required": ["entrypoint"],
+                    "properties": {"entrypoint": {"type": "string"}, "command": {"type": "null"}},
+                },
+                {
+                    "required": ["command"],
+                    "properties": {"command": {"type": "array"}, "entrypoint": {"type": "null"}},
+                },
+            ]
         },
-        {
-            "required": ["command"],
-            "properties": {"command": {"type": "array"}, "entrypoint": {"type": "null"}},
+        {  # a pool by name, or what the function needs (registration rounds it up)
+            "oneOf": [
+                {
+                    "required": ["sku"],
+                    "properties": {"sku": {"type": "string"}, "resources": {"type": "null"}},
+                },
+                {
+                    "required": ["resources"],
+                    "properties": {"resources": {"type": "object"}, "sku": {"type": "null"}},
+                },
+            ]
         },
     ]
     idempotency = {
@@ -442,7 +503,10 @@ def build_openapi(
                     body={
                         "type": "object",
                         "required": ["size"],
-                        "properties": {"size": {"type": "integer", "minimum": 0}},
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 0, "maximum": MAX_PACKAGE_BYTES}
+                        },
+                        "additionalProperties": False,
                     },
                     more={"413": "over the size cap or the caller's storage quota"},
                 ),
@@ -460,6 +524,7 @@ def build_openapi(
                             "ticket": {"type": "string"},
                             "etags": {"type": "array", "items": {"type": "string"}},
                         },
+                        "additionalProperties": False,
                     },
                     more={"410": "the ticket expired", "422": "the bytes do not check out"},
                     also_ok={"200": "already stored (`created` is false)"},
