@@ -132,6 +132,10 @@ def resources_fit(pool: PoolSpec) -> dict[str, Any]:
     return {"properties": props, "anyOf": asks_gpu}
 
 
+_INT_MAX = INTEGER_RANGE[1]
+"""The largest integer a body carries (``gateway.decoding.INTEGER_RANGE``)."""
+
+
 def resources_schema() -> dict[str, Any]:
     """A function's ``resources``, as ``functions.resources.Resources.from_json`` takes them
     (whether some pool fits them is the catalog's to say: a 400 naming its largest pool)."""
@@ -141,8 +145,8 @@ def resources_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "cpu": {"type": "number", "exclusiveMinimum": 0},
-            "memory": {"type": "integer", "minimum": 1, "description": "MiB"},
-            "gpus": {"type": "integer", "minimum": 0},
+            "memory": {"type": "integer", "minimum": 1, "maximum": _INT_MAX, "description": "MiB"},
+            "gpus": {"type": "integer", "minimum": 0, "maximum": _INT_MAX},
             "accelerator": {"type": "string", "minLength": 1},
         },
     }

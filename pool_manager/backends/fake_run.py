@@ -295,14 +295,16 @@ _routes_lock = threading.Lock()
 
 @contextlib.contextmanager
 def _routed_to(stream: TextIO) -> Iterator[None]:
-    """Route this thread's ``sys.stdout``/``sys.stderr`` to ``stream`` meanwhile. The routers
-    are installed while any attempt's thread runs and removed after the last (unless another
-    stream replaced them meanwhile, as pytest's capture does between tests)."""
+    """Route this thread's ``sys.stdout``/``sys.stderr`` to ``stream`` meanwhile. A router is
+    installed by any call that finds none in place (another stream may have replaced it while
+    an earlier call's thread still ran, as pytest's capture does between tests) and removed
+    after the last call."""
     ident = threading.get_ident()
     with _routes_lock:
-        if not _routes:
-            sys.stdout = _ThreadRouter(sys.stdout)
-            sys.stderr = _ThreadRouter(sys.stderr)
+        for name in ("stdout", "stderr"):
+            current = getattr(sys, name)
+            if not isinstance(current, _ThreadRouter):
+                setattr(sys, name, _ThreadRouter(current))
         _routes[ident] = stream
     try:
         yield

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from simulator.venue import (
     venue_names,
     with_settings,
 )
+from tests.simulator.fresh import in_a_fresh_process
 
 
 def _run(venue: str, workload: Workload, arms: str, repeats: int = 2) -> dict[str, Any]:
@@ -213,11 +213,18 @@ def test_carry_over_starts_each_run_on_the_pool_the_run_before_it_left() -> None
 
 
 def test_runs_in_worker_processes_give_the_same_results() -> None:
-    v, wl, arms = load_venue("prod-cpu"), Workload("w-rl"), arm_names("reuse-on,reuse-off")
-    assert threading.active_count() == 1, "run_many would not fork: this would test nothing"
-    serial = report(v, wl, *run_arms(v, wl, arms, 3, seed=5))
-    forked = report(v, wl, *run_arms(v, wl, arms, 3, seed=5, workers=2))
-    for out in (serial, forked):
-        out.pop("wall_s")
-        out.pop("simulated_jobs_per_s")
-    assert json.dumps(serial, sort_keys=True) == json.dumps(forked, sort_keys=True)
+    out = in_a_fresh_process("""
+        import json
+        from simulator.arms import arm_names
+        from simulator.experiment import Workload, report, run_arms
+        from simulator.venue import load_venue
+
+        v, wl, arms = load_venue("prod-cpu"), Workload("w-rl"), arm_names("reuse-on,reuse-off")
+        serial = report(v, wl, *run_arms(v, wl, arms, 3, seed=5))
+        forked = report(v, wl, *run_arms(v, wl, arms, 3, seed=5, workers=2))
+        for out in (serial, forked):
+            out.pop("wall_s")
+            out.pop("simulated_jobs_per_s")
+        print(json.dumps(serial, sort_keys=True) == json.dumps(forked, sort_keys=True))
+    """)
+    assert out.split() == ["True"]

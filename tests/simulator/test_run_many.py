@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +10,7 @@ from simulator import experiment
 from simulator.arms import arm_names
 from simulator.experiment import Task, Workload, run_many
 from simulator.venue import load_venue
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.simulator.fresh import in_a_fresh_process
 
 
 def _tasks(n: int, workload: Workload | None = None) -> list[Task]:
@@ -24,22 +19,8 @@ def _tasks(n: int, workload: Workload | None = None) -> list[Task]:
     return [(venue, arms[k % 2], wl, 1 + k // 2, None) for k in range(n)]
 
 
-def _in_a_fresh_process(code: str) -> str:
-    """Run ``code`` (after ``_PRELUDE``) in a new interpreter and return what it printed.
-
-    ``run_many`` forks only from a single-threaded process, and a test worker may hold daemon
-    threads other tests left (a fake pod's call that ran past its timeout): there the fork
-    tests would test nothing, so they run where no other thread can be."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-_PRELUDE = """
-import os, threading, time
+_TASKS = """
+import os, time
 from simulator import experiment
 from simulator.arms import arm_names
 from simulator.experiment import Workload, run_many
@@ -48,21 +29,23 @@ from simulator.venue import load_venue
 def tasks(n):
     venue, arms = load_venue("prod-cpu"), arm_names("reuse-on,reuse-off")
     return [(venue, arms[k % 2], Workload("w-rl"), 1 + k // 2, None) for k in range(n)]
-
-assert threading.active_count() == 1, "run_many would not fork: this would test nothing"
 """
 
 
 def test_forked_workers_return_every_result_in_task_order() -> None:
-    out = _in_a_fresh_process("""
+    out = in_a_fresh_process(
+        """
         serial = run_many(tasks(7), 1)
         print(all(run_many(tasks(7), workers) == serial for workers in (2, 3, 16)))
-    """)
+    """,
+        _TASKS,
+    )
     assert out.split() == ["True"]
 
 
 def test_runs_are_spread_over_the_parent_and_its_children() -> None:
-    out = _in_a_fresh_process("""
+    out = in_a_fresh_process(
+        """
         real = experiment._run_task
 
         def run_task(task):
@@ -72,7 +55,9 @@ def test_runs_are_spread_over_the_parent_and_its_children() -> None:
         experiment._run_task = run_task
         pids = [pid for _, pid in run_many(tasks(8), 2)]
         print(os.getpid() in pids, len(set(pids)))
-    """)
+    """,
+        _TASKS,
+    )
     assert out.split() == ["True", "2"], "the caller runs a share itself, one child the rest"
 
 
