@@ -460,7 +460,8 @@ class Dispatcher:
             clean = await self.recycler.reset(list(pods), outcome.lost_pods)
             retired = self.recycler.release(job.id, clean)
             self.recycler.archive(job.id, list(pods), attempt.id, outcome.lost_pods, retired)
-        finally:
+        finally:  # a reset that raised must not leave the session waiting for its pod
+            self.tracker.reset_over(job.id)
             self.recycler.archive_begun(job.id)
         if retry:
             self.enqueue(job)

@@ -383,6 +383,14 @@ class Tracker:
             self._resetting_sessions[session] = self._resetting_sessions.get(session, 0) + 1
             return True
 
+    def reset_over(self, job_id: str) -> None:
+        """The reset ``resetting`` announced ended without a ``release`` (it raised, or the
+        broker stops): the session's claims stop waiting for the pod. A no-op after
+        ``release``, which ends the wait itself."""
+        with self._lock:
+            if self._resetting:
+                self._reset_done_locked(job_id)
+
     def _reset_done_locked(self, job_id: str) -> None:
         session = self._resetting.pop(job_id, None)
         if session is not None:

@@ -168,6 +168,7 @@ class ControlPlane(RuleBasedStateMachine):
                 self.deleting.add(rel.name)
         del self.leases[job]
         self.answered.pop(job, None)
+        self.t.reset_over(job)  # after the release: changes nothing
 
     @precondition(
         lambda self: any(
@@ -187,6 +188,15 @@ class ControlPlane(RuleBasedStateMachine):
             event("answered before reset: its session waits")
         else:
             event("answered before reset: nothing waits")
+
+    @precondition(lambda self: self.answered)
+    @rule(data=st.data())
+    def a_reset_raises(self, data: st.DataObject) -> None:
+        """The reset of an answered job raised before its release: its session stops
+        waiting (the lease stays until ``finish`` releases it)."""
+        job = data.draw(st.sampled_from(sorted(self.answered)))
+        self.t.reset_over(job)
+        del self.answered[job]
 
     @precondition(lambda self: self.answered)
     @rule(data=st.data())
