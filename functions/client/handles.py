@@ -69,10 +69,14 @@ class FunctionHandle:
     def __repr__(self) -> str:
         return f"FunctionHandle({self.name!r})"
 
-    def _post(self, path: str, input: Any, key: str | None, fields: dict[str, Any]) -> Any:
+    def _post(
+        self, path: str, expect: str, input: Any, key: str | None, fields: dict[str, Any]
+    ) -> Any:
+        """POST a call with its Idempotency-Key (``key``, or a new one), retried as the
+        client's policy says; ``expect``: the key the answer must carry."""
         headers = {"Idempotency-Key": check_key(key) if key is not None else new_key()}
         content = job_request(input, **fields)
-        return self._client._retried("POST", path, "job_id", content=content, headers=headers)
+        return self._client._retried("POST", path, expect, content=content, headers=headers)
 
     def invoke(
         self,
@@ -110,18 +114,11 @@ class FunctionHandle:
         """``invoke``'s job record instead of its output (acquisition path, timings)."""
         fields = {"lease_tag": tag, "queue": queue, "priority": priority,
                   "timeout_s": timeout_s, "single_use": single_use}  # fmt: skip
-        answer = self._post_invoke(input, idempotency_key, fields)
+        # 200: the ended job's record ("state"); 202: {"job_id", "state"}: both have state.
+        answer = self._post(self._invoke_path, "state", input, idempotency_key, fields)
         if answer["state"] not in TERMINAL:  # 202: still running past the gateway's wait
             return Job(self._client, str(answer["job_id"])).record_when_done()
         return answer
-
-    def _post_invoke(self, input: Any, key: str | None, fields: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Idempotency-Key": check_key(key) if key is not None else new_key()}
-        content = job_request(input, **fields)
-        # 200: the ended job's record ("state"); 202: {"job_id", "state"}: both have state.
-        return self._client._retried(
-            "POST", self._invoke_path, "state", content=content, headers=headers
-        )
 
     def submit(
         self,
@@ -137,7 +134,7 @@ class FunctionHandle:
         """Queue a call and return its ``Job`` at once."""
         fields = {"lease_tag": tag, "queue": queue, "priority": priority,
                   "timeout_s": timeout_s, "single_use": single_use}  # fmt: skip
-        answer = self._post(self._submit_path, input, idempotency_key, fields)
+        answer = self._post(self._submit_path, "job_id", input, idempotency_key, fields)
         return Job(self._client, str(answer["job_id"]))
 
     def map(
