@@ -1,7 +1,7 @@
 """The broker's CPU per job as the backlog grows (issue 25): does a deep queue make every job
 dearer?
 
-For each depth in ``--depths`` (default 100 and 10,000), a fresh broker (SQLite) with a cpu
+For each depth in ``--depths`` (default 100, 1,000 and 10,000), a fresh broker (SQLite) with a cpu
 pool capped at ``--pods`` pods (ready before the clock starts) is sent that many async no-op
 jobs at once (``POST /v1/functions/noop/jobs``, ``--senders`` at a time; the pool drains far
 slower than they arrive, so the queue stands near the depth), then left to drain; the
@@ -174,7 +174,7 @@ def run(depths: list[int], pods: int, senders: int, backend: str) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--depths", type=positive_int, nargs="+", default=[100, 10_000],
+        "--depths", type=positive_int, nargs="+", default=[100, 1_000, 10_000],
         help="queue depths, shallowest first",
     )  # fmt: skip
     parser.add_argument("--pods", type=positive_int, default=4, help="the pool's cap")

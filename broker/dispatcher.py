@@ -36,6 +36,7 @@ from broker.telemetry import NO_TELEMETRY, Telemetry
 from functions.errors import ErrorClass, FirepoolError, TooLarge
 from functions.spec import FunctionSpec
 from pod_runtime.protocol import AttemptState
+from pool_manager.claim_queue import ClaimQueue
 from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.model import ClaimRequest, Lease
 from pool_manager.states import TERMINAL_JOB_STATES, IllegalTransition, JobState
@@ -102,8 +103,9 @@ class Dispatcher:
         """Jobs whose RUNNING commit is in flight, as the store has them (queued)."""
         self.counters: Counter[str] = Counter()
         """Prometheus counters: ``path_<path>`` per claim, ``jobs_<state>`` per terminal job."""
-        self._queue: list[Job] = []
-        self._queue_dirty = False
+        self._queue = ClaimQueue()
+        """Every queued job's claim request, in dispatch order (priority, then age); the jobs
+        themselves are in ``live``."""
         self._waiters: dict[str, list[asyncio.Future[Job]]] = {}
         self._cancel_requested: set[str] = set()
         self._wake = asyncio.Event()
@@ -128,8 +130,7 @@ class Dispatcher:
         """Queue a job; the next pass claims for it and plans capacity only if it is left
         waiting (a warm claim changes nothing the scaler must see)."""
         self.live[job.id] = job
-        self._queue.append(job)
-        self._queue_dirty = True
+        self._queue.push(self._request(job))
         self._new_demand = True
         log.info(
             "job %s queued: %s v%d for %s on %s%s", job.id, job.function, job.version,
@@ -140,7 +141,12 @@ class Dispatcher:
         self.wake()
 
     def queued(self) -> list[Job]:
-        return list(self._queue)
+        """The queued jobs in dispatch order (a new list: O(queue))."""
+        live = self.live
+        return [live[req.job_id] for req in self._queue]
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     async def wait(self, job_id: str, timeout: float) -> Job | None:
         """The job once terminal, or None if ``timeout`` passes first."""
@@ -186,6 +192,8 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
             self._wake.clear()
+            if self._stopping:  # ``halt`` woke it: start nothing more
+                break
             try:
                 self.dispatch_pass()
             except Exception:
@@ -193,29 +201,17 @@ class Dispatcher:
 
     def dispatch_pass(self) -> None:
         now = self.clock()
-        if self._queue_dirty:
-            self._queue.sort(key=lambda j: (-j.priority, j.submitted))
-            self._queue_dirty = False
-        requests = [self._request(job) for job in self._queue]
         reconcile = self._replan or now >= self._next_reconcile
         new_demand, self._new_demand = self._new_demand, False
-        result = dispatch_pass(self.tracker, requests, now, reconcile, replan_waiting=new_demand)
+        result = dispatch_pass(self.tracker, self._queue, now, reconcile, new_demand)
         if reconcile or (new_demand and result.waiting):
             self._replan = False
             self._next_reconcile = now + self.reconcile_s
-        if result.leases:
-            placed = {lease.job_id: lease for lease in result.leases}
-            waiting = []
-            for job in self._queue:
-                lease = placed.get(job.id)
-                if lease is None:
-                    waiting.append(job)
-                else:
-                    self.counters[f"path_{lease.path}"] += 1
-                    self.spawn(self._start(job, lease))
-            self._queue = waiting
+        for lease in result.leases:  # the pass took them off the queue
+            self.counters[f"path_{lease.path}"] += 1
+            self.spawn(self._start(self.live[lease.job_id], lease))
         if result.actions:
-            wanted = {req.sku for req in result.waiting}
+            wanted = result.waiting.skus()
             for action in result.actions:
                 self.pods.apply(action, demand=wanted)
 
@@ -356,8 +352,7 @@ class Dispatcher:
             self._resolve(fresh or job)
         else:
             self.live[job.id] = fresh
-            self._queue.append(fresh)
-            self._queue_dirty = True
+            self._queue.push(self._request(fresh))
 
     async def finish(
         self,
@@ -524,8 +519,7 @@ class Dispatcher:
             return self.finishing[job.id]
         live = self.live.get(job.id, job)
         self._cancel_requested.add(job.id)
-        if any(queued is live for queued in self._queue):
-            self._queue = [queued for queued in self._queue if queued is not live]
+        if self._queue.remove(job.id) is not None:
             revision = live.revision
             live.move_to(JobState.CANCELLED)
             live.error = {"class": str(ErrorClass.CANCELLED), "message": "cancelled by caller"}
@@ -564,14 +558,14 @@ class Dispatcher:
 
     async def stop(self, drain_s: float) -> None:
         self.halt()
-        queued = {job.id for job in self._queue}
+        queued = {req.job_id for req in self._queue}
         running = [job_id for job_id in self.live if job_id not in queued]
         log.info(
             "stopping: %d running job(s) get up to %.0f s to end; %d queued stay in the store",
             len(running), drain_s, len(queued),
         )  # fmt: skip
         await self._tasks.stop(drain_s)
-        queued = {job.id for job in self._queue}  # with those whose attempt ended for a retry
+        queued = {req.job_id for req in self._queue}  # with those whose attempt ended for a retry
         left = [job_id for job_id in running if job_id in self.live and job_id not in queued]
         log.info(
             "stopped: %d of %d running job(s) ended within the drain, %d still running; "

@@ -223,6 +223,10 @@ async def recover(broker: Broker) -> None:
                 }
             job.move_to(JobState.QUEUED)
             await broker.jobs.update(job, revision)
+        if not job.single_use:
+            # The queue reads a single-use function's flag once, at enqueue (a row may predate
+            # the job's own flag): load the function so its flag is seen.
+            await dispatcher.functions(job.function, job.version)
         dispatcher.enqueue(job)
     for job, bodies in attached:
         pods = list(job.attempts[-1].pods)

@@ -561,7 +561,7 @@ class Broker:
 
     def queue_depth(self) -> int:
         """Jobs waiting for pods."""
-        return len(self.dispatcher.queued())
+        return self.dispatcher.queue_depth()
 
     def queue_summary(self) -> dict[tuple[str, str], tuple[int, float]]:
         """Per ``(pool, queue)``, the jobs waiting for pods and the oldest one's submission

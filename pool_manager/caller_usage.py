@@ -14,9 +14,10 @@ Concurrency: no lock of its own; every method assumes the owning ``Tracker``'s l
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from pool_manager.catalog import Catalog, PoolSpec
+from pool_manager.claim_queue import Demand, DemandRun, merged_walk
 from pool_manager.model import ClaimRequest
 from pool_manager.pod_index import gpus_per_pod
 
@@ -59,25 +60,44 @@ class CallerUsage:
             else:
                 self._gpus.pop(caller, None)
 
-    def within_locked(
-        self, demand: Sequence[ClaimRequest], specs: Mapping[str, PoolSpec]
-    ) -> list[ClaimRequest]:
-        """The jobs of ``demand`` (in order) that their callers' limits would let run at
-        once, counting each caller's leases and the jobs before it in ``demand``."""
-        out: list[ClaimRequest] = []
-        used: dict[str, tuple[int, int]] = {}
+    def within_locked(self, demand: Demand, specs: Mapping[str, PoolSpec]) -> Demand:
+        """The jobs of ``demand`` that their callers' limits would let run at once, walking
+        each caller's jobs in dispatch order and counting its leases and the jobs before.
+
+        A run of a caller without limits, or one that can pass none (no pod limit and no
+        GPUs), is taken whole; otherwise the walk takes a run's jobs until the first that
+        would pass a limit, and drops the run's rest (its jobs are alike, and the caller's
+        count only grows): the walk costs the jobs its limits let through, not the queue."""
+        out = Demand()
+        limited: dict[str, list[DemandRun]] = {}
         limits_for = self._catalog.limits_for
-        for req in demand:
-            spec = specs.get(req.sku)
-            caller = req.caller
-            pods, gpus = used.get(caller) or (
-                self._pods.get(caller, 0),
-                self._gpus.get(caller, 0),
-            )
-            more = req.pods * gpus_per_pod(spec) if spec is not None else 0
-            pods, gpus = pods + req.pods, gpus + more
-            if limits_for(caller).exceeded_by(pods, gpus if more else 0):
-                continue
-            used[caller] = (pods, gpus)
-            out.append(req)
+        for run in demand:
+            limits = limits_for(run.req.caller)
+            spec = specs.get(run.req.sku)
+            gpus = gpus_per_pod(spec) if spec is not None else 0
+            if limits.max_pods is None and (limits.max_gpus is None or not gpus):
+                out.append(run)
+            else:
+                limited.setdefault(run.req.caller, []).append(run)
+        for caller, runs in limited.items():
+            taken = self._walk_locked(caller, runs, specs)
+            out.extend(run._replace(jobs=n) for run, n in zip(runs, taken, strict=True) if n)
         return out
+
+    def _walk_locked(
+        self, caller: str, runs: list[DemandRun], specs: Mapping[str, PoolSpec]
+    ) -> list[int]:
+        """How many of each run's first jobs ``caller``'s limits let through, in dispatch
+        order across ``runs``."""
+        exceeded_by = self._catalog.limits_for(caller).exceeded_by
+        pods, gpus = self._pods.get(caller, 0), self._gpus.get(caller, 0)
+        taken = [0] * len(runs)
+        for n, _, req in merged_walk(runs, taken):
+            spec = specs.get(req.sku)
+            more = req.pods * gpus_per_pod(spec) if spec is not None else 0
+            if exceeded_by(pods + req.pods, gpus + more if more else 0):
+                taken[n] = -taken[n] - 1  # stops the run: later jobs of it pass too
+                continue
+            pods, gpus = pods + req.pods, gpus + more
+            taken[n] += 1
+        return [n if n >= 0 else -n - 1 for n in taken]

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pool_manager.budgets import BudgetLedger
+from pool_manager.claim_queue import Demand
 from pool_manager.model import Action, ClaimRequest, CreatePod, DeletePod
 from pool_manager.snapshot import IdleGroup, PoolSnapshot, PoolView
 
@@ -130,17 +131,17 @@ _NO_OWNERS: Mapping[str, int] = {}
 _NONE_EXPIRED: list[IdleGroup] = []  # never written: sorted only when something expired
 
 
-def _queued_by_owner(demand: Sequence[ClaimRequest]) -> dict[str, dict[str, int]]:
+def _queued_by_owner(demand: Demand) -> dict[str, dict[str, int]]:
     """Queued pods per SKU and caller, of the jobs a held pod could serve (reusable ones:
     a held pod is never clean enough for a single-use job)."""
     by_owner: dict[str, dict[str, int]] = {}
-    for req in demand:
+    for req, count, _, _ in demand:
         if not req.single_use:
             owners = by_owner.get(req.sku)
             if owners is None:
-                by_owner[req.sku] = {req.caller: req.pods}
+                by_owner[req.sku] = {req.caller: req.pods * count}
             else:
-                owners[req.caller] = owners.get(req.caller, 0) + req.pods
+                owners[req.caller] = owners.get(req.caller, 0) + req.pods * count
     return by_owner
 
 
@@ -196,14 +197,18 @@ def _budget_shortfall(
 
 def plan(
     snapshot: PoolSnapshot,
-    demand: Sequence[ClaimRequest],
+    demand: Demand | Sequence[ClaimRequest],
     now: float,
     ledger: BudgetLedger,
 ) -> list[Action]:
-    """Creates and deletes for every pool, in a deterministic order (pools by name)."""
+    """Creates and deletes for every pool, in a deterministic order (pools by name).
+    ``demand``: the waiting jobs the scaler plans for (only their sums per pool and caller
+    matter), as runs or a plain list."""
+    if not isinstance(demand, Demand):
+        demand = Demand.of(demand)
     queued: dict[str, int] = {}
-    for req in demand:
-        queued[req.sku] = queued.get(req.sku, 0) + req.pods
+    for req, count, _, _ in demand:
+        queued[req.sku] = queued.get(req.sku, 0) + req.pods * count
     by_owner: dict[str, dict[str, int]] | None = None  # built once a pool has held pods
     actions: list[Action] = []
     pools = snapshot.pools

@@ -40,6 +40,7 @@ from pool_manager.budgets import BudgetLedger
 from pool_manager.caller_usage import CallerUsage
 from pool_manager.catalog import Catalog, PoolSpec
 from pool_manager.claim_policy import Sessions, claim_cold_locked, claim_many_locked
+from pool_manager.claim_queue import Demand
 from pool_manager.gpu_gate import join_group_locked, leave_group_locked, may_stage_standby_locked
 from pool_manager.holds import expire_locked, settle_idle_locked
 from pool_manager.model import (
@@ -260,12 +261,14 @@ class Tracker:
         """Whether the catalog sets any per-caller limit (``within_limits`` has work)."""
         return self._limited
 
-    def within_limits(self, demand: Sequence[ClaimRequest]) -> list[ClaimRequest]:
-        """The jobs of ``demand`` (in order) that their callers' own limits would let run at
-        once, counting each caller's leased pods and the jobs before it in ``demand``: what
+    def within_limits(self, demand: Demand | Sequence[ClaimRequest]) -> Demand:
+        """The jobs of ``demand`` that their callers' own limits would let run at once, in
+        dispatch order, counting each caller's leased pods and the jobs before: what
         the scaler may plan pods for. A caller with 3 jobs queued and ``max_pods: 1`` counts
         for one: counted for 3, it would make the scaler break other callers' holds for pods
         it could never use."""
+        if not isinstance(demand, Demand):
+            demand = Demand.of(demand)
         with self._lock:
             return self._usage.within_locked(demand, self._specs)
 
@@ -419,7 +422,7 @@ class Tracker:
             pod = self._index.pods.get(name)
             return pod is not None and self._index.retire_locked(pod, reason, now)
 
-    def reconcile(self, demand: Sequence[ClaimRequest], now: float) -> list[Action]:
+    def reconcile(self, demand: Demand | Sequence[ClaimRequest], now: float) -> list[Action]:
         """One scaler pass: expire holds, plan on a snapshot, and mark every planned delete
         RETIRING (dropping deletes of pods claimed meanwhile). The shell then executes the
         returned actions: ``add_pod`` for each create before the next pass, then the backend

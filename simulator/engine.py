@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from pool_manager.budgets import BudgetLedger
+from pool_manager.claim_queue import ClaimQueue
 from pool_manager.dispatch_pass import dispatch_pass
 from pool_manager.model import ClaimRequest, CreatePod, Lease, PodInfo
 from pool_manager.tracker import Tracker
@@ -92,7 +93,7 @@ class Simulation:
         self.per_unit = max(1, venue.pool.units_per_pod)
         self.heap: list[tuple[float, int, int, object]] = []
         self.next_seq = itertools.count().__next__
-        self.queue: list[ClaimRequest] = []
+        self.queue = ClaimQueue()
         """The queued jobs' requests, in dispatch order (what ``dispatch_pass`` takes)."""
         self.queued: dict[str, Job] = {}
         """The queued jobs by id."""
@@ -174,7 +175,7 @@ class Simulation:
             req = ClaimRequest(f"j{next(self.job_ids)}", caller, sku, tag,
                                single_use=arm.single_use, queued_at=now)  # fmt: skip
             job = Job(req, proc, body * self.scale, now)
-            self.queue.append(req)
+            self.queue.push(req)
             self.queued[req.job_id] = job
             self.jobs.append(job)
         proc.pending = len(batch.bodies)
@@ -223,8 +224,7 @@ class Simulation:
             self.quiet_since, self.quiet_until = now, None
         else:
             self.quiet_since = -1.0
-        if result.leases:  # in queue order, as claimed
-            self.queue = result.waiting
+        if result.leases:  # in queue order, as claimed (the pass took them off the queue)
             queued = self.queued
             for lease in result.leases:
                 self._start(queued.pop(lease.job_id), lease)

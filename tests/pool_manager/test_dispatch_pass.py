@@ -44,7 +44,7 @@ def test_single_use_jobs_behind_a_miss_on_their_sku_wait_without_a_claim() -> No
     calls = _counting(t)
     result = dispatch_pass(t, jobs, 1.0, reconcile=False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [jobs[0].job_id]
-    assert result.waiting == jobs[1:]
+    assert list(result.waiting) == jobs[1:]
     assert calls == [jobs[0].job_id, jobs[1].job_id]  # the rest would miss as the second did
 
 
@@ -54,7 +54,7 @@ def test_a_caller_limit_miss_does_not_hold_back_other_callers() -> None:
     alice, bob = make_request("alice", single_use=True), make_request("bob", single_use=True)
     result = dispatch_pass(t, [alice, bob], 1.0, reconcile=False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [bob.job_id]
-    assert result.waiting == [alice]
+    assert list(result.waiting) == [alice]
 
 
 def test_a_job_held_back_by_its_callers_limit_is_no_demand_for_the_scaler() -> None:
@@ -73,7 +73,7 @@ def test_a_job_held_back_by_its_callers_limit_is_no_demand_for_the_scaler() -> N
     t.launched(running.job_id, 2.0)
     more = make_request("alice")
     result = dispatch_pass(t, [more], 3.0, reconcile=True)
-    assert result.waiting == [more] and result.leases == []
+    assert list(result.waiting) == [more] and result.leases == []
     assert result.actions == [], "no hold broken, no pod started for it"
     again = t.claim(make_request("bob", tag="s"), 4.0)
     assert isinstance(again, Lease) and again.path == "warm"
@@ -91,7 +91,7 @@ def test_a_callers_queued_jobs_count_as_demand_only_up_to_its_own_limit() -> Non
     run_job(t, make_request("bob", tag="s"), now=1.0)
     queued = [make_request("alice") for _ in range(3)]
     result = dispatch_pass(t, queued, 2.0, reconcile=True)
-    assert result.waiting == queued
+    assert list(result.waiting) == queued
     assert [type(a).__name__ for a in result.actions] == ["CreatePod"], result.actions
 
 
@@ -108,7 +108,7 @@ def test_a_gang_that_cannot_be_placed_is_not_overtaken_in_its_pool() -> None:
     gang = make_request("alice", pods=2)
     other, warm = make_request("bob"), make_request("carol", tag="s")
     result = dispatch_pass(t, [gang, other, warm], 2.0, reconcile=True)
-    assert result.leases == [] and result.waiting == [gang, other, warm]
+    assert result.leases == [] and list(result.waiting) == [gang, other, warm]
     assert [(type(a).__name__, getattr(a, "name", None)) for a in result.actions] == [
         ("DeletePod", "carols")
     ], "the gang's demand alone: carol's hold is broken for it, nothing is made for the rest"
@@ -116,7 +116,7 @@ def test_a_gang_that_cannot_be_placed_is_not_overtaken_in_its_pool() -> None:
     add_ready(t, "more", now=3.5)
     result = dispatch_pass(t, [gang, other, warm], 4.0, reconcile=False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [gang.job_id]
-    assert result.waiting == [other, warm]
+    assert list(result.waiting) == [other, warm]
 
 
 def test_a_job_that_missed_is_not_overtaken_in_its_pool_by_lower_priority_ones() -> None:
@@ -130,7 +130,7 @@ def test_a_job_that_missed_is_not_overtaken_in_its_pool_by_lower_priority_ones()
     urgent = replace(make_request("high"), priority=100)
     backlog = [make_request("low", tag="s") for _ in range(3)]
     result = dispatch_pass(t, [urgent, *backlog], 2.0, reconcile=True)
-    assert result.leases == [] and result.waiting == [urgent, *backlog]
+    assert result.leases == [] and list(result.waiting) == [urgent, *backlog]
     assert [(type(a).__name__, getattr(a, "name", None)) for a in result.actions] == [
         ("DeletePod", "lows")
     ], "the backlog is no demand: its owner's hold is broken for the urgent job"
@@ -151,7 +151,7 @@ def test_a_smaller_single_use_job_is_still_tried_after_a_larger_one_misses() -> 
     calls = _counting(t)
     result = dispatch_pass(t, [big, small, later], 1.0, reconcile=False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [small.job_id]
-    assert result.waiting == [big, later]
+    assert list(result.waiting) == [big, later]
     assert calls == [big.job_id, small.job_id, later.job_id]
 
 
@@ -164,7 +164,7 @@ def test_a_reusable_callers_miss_skips_single_use_jobs_on_that_sku_only() -> Non
     calls = _counting(t)
     result = dispatch_pass(t, [reusable, cpu_once, gpu_once], 1.0, False, replan_waiting=False)
     assert [lease.job_id for lease in result.leases] == [gpu_once.job_id]
-    assert result.waiting == [reusable, cpu_once]
+    assert list(result.waiting) == [reusable, cpu_once]
     assert calls == [reusable.job_id, gpu_once.job_id]
 
 
@@ -212,33 +212,36 @@ _requests = st.lists(
         st.booleans(),
         st.sampled_from(("s1", "s2")),
         st.integers(0, 2),
+        st.sampled_from((0.25, 0.5, 0.75)),
     ),
     max_size=10,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(_pods, _requests, st.booleans())
-def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
+@given(_pods, _requests, st.booleans(), st.booleans())
+def test_a_pass_places_orders_and_plans_exactly_what_claiming_every_job_would(
     pods: list[tuple[str, str, int, str | None]],
-    requests: list[tuple[str, str, int, bool, str, int]],
+    requests: list[tuple[str, str, int, bool, str, int, float]],
     limited: bool,
+    reconcile: bool,
 ) -> None:
     queue = sorted(
         (
             ClaimRequest(
-                f"j{i}", caller, sku, tag, pods=n, single_use=once, queued_at=0.5, priority=priority
+                f"j{i}", caller, sku, tag, pods=n, single_use=once, queued_at=at, priority=priority
             )
-            for i, (caller, sku, n, once, tag, priority) in enumerate(requests)
+            for i, (caller, sku, n, once, tag, priority, at) in enumerate(requests)
         ),
-        key=lambda req: -req.priority,
+        key=lambda req: (-req.priority, req.queued_at),
     )
     fast, slow = _build(pods, limited), _build(pods, limited)
-    result = dispatch_pass(fast, queue, 1.0, reconcile=False, replan_waiting=False)
+    result = dispatch_pass(fast, queue, 1.0, reconcile=reconcile, replan_waiting=False)
     leases: list[Lease] = []
     waiting: list[ClaimRequest] = []
+    demand: list[ClaimRequest] = []
     # The reference: every job claimed in turn, except those a miss before them holds back
-    # (below its priority in its pool; any job behind a gang).
+    # (below its priority in its pool; any job behind a gang), which are no demand either.
     missed_at: dict[str, float] = {}
     for req in queue:
         if req.priority < missed_at.get(req.sku, float("-inf")):
@@ -249,13 +252,17 @@ def test_a_pass_places_and_orders_exactly_what_claiming_every_job_would(
             leases.append(got)
         else:
             waiting.append(req)
+            demand.append(req)
             if got.reason in ("no_idle_pod", "gang_unplaceable"):
                 if req.pods > 1 and not req.single_use:
                     missed_at[req.sku] = float("inf")
                 else:
                     missed_at.setdefault(req.sku, req.priority)
     assert result.leases == leases
-    assert result.waiting == waiting
+    assert list(result.waiting) == waiting
+    if reconcile:  # the scaler saw the same demand: it planned the same
+        within = list(slow.within_limits(demand).requests()) if limited else demand
+        assert result.actions == slow.reconcile(within, 1.0)
     assert fast.pods() == slow.pods()
     assert [fast.history(p.name) for p in fast.pods()] == [
         slow.history(p.name) for p in slow.pods()
@@ -269,4 +276,4 @@ def test_held_pods_serve_their_owner_not_a_single_use_job() -> None:
     run_job(t, make_request("alice", tag="s1"), now=0.0)
     once = make_request("bob", single_use=True)
     result = dispatch_pass(t, [once], 1.0, reconcile=False, replan_waiting=False)
-    assert result.waiting == [once] and t.get(name) is not None
+    assert list(result.waiting) == [once] and t.get(name) is not None
