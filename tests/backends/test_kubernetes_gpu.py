@@ -180,3 +180,26 @@ def test_gpu_share_defaults_are_hamis_names() -> None:
     assert (share.resource, share.memory_resource, share.cores_resource) == (
         "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")  # fmt: skip
     assert share.uuid_annotation == "nvidia.com/use-gpuuuid"
+
+
+async def test_an_active_pod_whose_agent_has_no_nvml_gets_no_card_and_its_create_still_succeeds(
+    tmp_path: Path,
+) -> None:
+    """No driver in the pod (NVML's LibraryNotFound, as on this machine): the agent reports
+    none, so the pod runs as a GPU pod with no card known and no standby is staged on it."""
+    made: list[KubernetesBackend] = []
+    with emulated_cluster(tmp_path / "nodes", gpus_per_node=1) as cluster:
+        assert cluster.node is not None
+        cluster.node.card_file(0).unlink()  # the node's driver is not loaded
+        backend = await _backend(cluster, tmp_path, made)
+        try:
+            pod = await backend.create("h200-a", POOL)
+            assert pod.gpu is None
+            assert stored_gpu(cluster, "h200-a") is None
+            verdicts = await backend.sweep(["GPU-unknown"])
+            assert verdicts == {}  # no pod is pinned to it: nothing to judge, nothing changes
+        finally:
+            for p in await backend.list():
+                await backend.delete(p.name)
+            for b in made:
+                await b.close()
