@@ -58,6 +58,7 @@ from functions.stores import PackageStore, UrlSigner, check_digest_syntax, open_
 from pod_runtime.agent_auth import agent_key
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import KubernetesOptions, make_backend
+from pool_manager.backends.gpu_share import GpuShare
 from pool_manager.backends.local import socket_path_error
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
@@ -131,6 +132,14 @@ class Broker:
                 agent_port=settings.k8s_agent_port,
                 rendezvous_port=settings.k8s_rendezvous_port,
                 kubeconfig=settings.k8s_kubeconfig,
+                gpu=GpuShare(
+                    resource=settings.k8s_gpu_resource,
+                    memory_resource=settings.k8s_gpu_memory_resource,
+                    cores_resource=settings.k8s_gpu_cores_resource,
+                    standby_memory_mib=settings.k8s_standby_gpu_memory_mib,
+                    standby_cores=settings.k8s_standby_gpu_cores,
+                    uuid_annotation=settings.k8s_gpu_uuid_annotation,
+                ),
             ),
         )
         if backend is None and settings.backend == "local":

@@ -382,6 +382,23 @@ class Settings:
     k8s_kubeconfig: Path | None = None
     """A kubeconfig file for the kubernetes backend (FIREPOOL_K8S_KUBECONFIG); unset: the
     in-cluster service account's configuration."""
+    k8s_gpu_resource: str = "nvidia.com/gpu"
+    """The resource a GPU pod asks for cards by (FIREPOOL_K8S_GPU_RESOURCE); with HAMi, a
+    virtual card: a share of one (docs/kubernetes.md, GPUs)."""
+    k8s_gpu_memory_resource: str = "nvidia.com/gpumem"
+    """The resource a standby asks for its share's memory by, in MiB
+    (FIREPOOL_K8S_GPU_MEMORY_RESOURCE)."""
+    k8s_gpu_cores_resource: str = "nvidia.com/gpucores"
+    """The resource a standby asks for its share's compute by, in percent of the card
+    (FIREPOOL_K8S_GPU_CORES_RESOURCE)."""
+    k8s_standby_gpu_memory_mib: Count = 256
+    """A standby's memory share in MiB: a cap it never uses, as it allocates nothing
+    (FIREPOOL_K8S_STANDBY_GPU_MEMORY_MIB)."""
+    k8s_standby_gpu_cores: Count = 1
+    """A standby's compute share, percent of the card (FIREPOOL_K8S_STANDBY_GPU_CORES)."""
+    k8s_gpu_uuid_annotation: str = "nvidia.com/use-gpuuuid"
+    """The scheduler's annotation that pins a standby to its active's card by UUID
+    (FIREPOOL_K8S_GPU_UUID_ANNOTATION; HAMi's)."""
     sandbox: bool | None = None
     """Run local pods under bubblewrap: None = when available (``auto``), False = never."""
     allow_unsandboxed: bool = False

@@ -1,8 +1,9 @@
 """The pod agent: an aiohttp server speaking docs/architecture.md §1 on a unix socket or TCP.
 
 The routes, the attempt table and the concurrency rule are ``pod_runtime.agent_http``'s; this
-module runs attempts as jobs (``Runner``), caps their logs (``log_cap``) and resets the pod
-(``Resetter``).
+module runs attempts as jobs (``Runner``), caps their logs (``log_cap``), resets the pod
+(``Resetter``) and reports its cards (``GET /gpu``: ``pod_runtime.gpu.Nvml.report``, read on
+request only, so a standby maps NVML only when a broker asks, and never creates a CUDA context).
 
 SIGTERM/SIGINT: stop intake, kill any job's tree, stop the zygote, exit.
 """
@@ -25,7 +26,7 @@ from pod_runtime.agent_auth import AUTHORIZED
 from pod_runtime.agent_http import AgentRoutes, respond
 from pod_runtime.cgroups import JobCgroups, JobLimits
 from pod_runtime.deps import Dependencies
-from pod_runtime.gpu import Nvml
+from pod_runtime.gpu import VISIBLE, Nvml, resolve_uuids
 from pod_runtime.log_cap import cap_log, servable_while_running
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import AttemptSpec
@@ -156,6 +157,16 @@ class Agent(AgentRoutes[Attempt]):
             }
         )
 
+    async def gpu_report(self, request: web.Request) -> web.Response:
+        """``GET /gpu``: this pod's cards, their compute processes and which are its jobs'."""
+        uuids = self.settings.gpu_uuids
+        return respond(await asyncio.to_thread(self.nvml.report, uuids, os.getpid()))
+
+    def app(self) -> web.Application:
+        app = super().app()
+        app.router.add_get("/gpu", self.gpu_report)
+        return app
+
     def new_attempt(self, spec: AttemptSpec) -> Attempt:
         assert self.runner is not None
         return self.runner.new_attempt(spec)
@@ -223,6 +234,10 @@ async def serve(settings: AgentSettings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_args(argv)
+    if VISIBLE in settings.gpu_uuids:
+        settings = dataclasses.replace(
+            settings, gpu_uuids=resolve_uuids(settings.gpu_uuids, Nvml())
+        )
     if settings.job_uid is not None:
         paths = [settings.python, *sys.path]
         blocked = jobuser.usable_by(settings.job_uid, settings.pod_dir, paths)

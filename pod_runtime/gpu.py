@@ -5,6 +5,18 @@ CUDA context. Everything here degrades to "unknown" when NVML is missing (no dri
 raises ``LibraryNotFound``) and never raises. A standby agent calls nothing here until a job
 arrives, so it maps no NVIDIA library while it waits (``Nvml`` initialises lazily).
 
+The card report (``Nvml.report``, served by the agent at ``GET /gpu``) is what a broker that
+cannot read the card itself (a pod on a cluster node) judges exclusivity from: each card's
+compute processes as NVML lists them, and which of them descend from this agent (its job's).
+Attribution walks ``/proc``: NVML gives host pids, which a pod sees only where it shares the
+host's PID namespace or its driver translates pids into the pod's namespace; elsewhere a job's
+own processes are not attributed and its card reads non-exclusive while it runs (never the
+other way round).
+
+``VISIBLE``: the ``--gpu-uuid`` value meaning "every card NVML shows this process" (a
+container on a cluster node sees only the cards its scheduler gave it); ``resolve_uuids``
+turns it into UUIDs at the agent's start, or into none when NVML cannot be read.
+
 Blocking calls; the agent runs them in a worker thread. One ``Nvml`` per agent.
 """
 
@@ -18,6 +30,30 @@ from typing import Any
 
 MiB = 1024 * 1024
 COMPUTE_GONE_WAIT_S = 2.0
+VISIBLE = "visible"
+"""``--gpu-uuid visible``: the cards NVML shows (``resolve_uuids``)."""
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def descends_from(pid: int, ancestors: set[int]) -> bool:
+    """Whether ``pid`` is one of ``ancestors`` or below one of them (bounded walk)."""
+    for _ in range(64):
+        if pid in ancestors:
+            return True
+        parent = parent_pid(pid)
+        if parent is None or parent <= 1:
+            return False
+        pid = parent
+    return False
 
 
 def _text(value: str | bytes) -> str:
@@ -113,3 +149,49 @@ class Nvml:
     async def check_after_reset(self, uuids: Sequence[str]) -> str | None:
         problem = await asyncio.to_thread(self.wait_compute_gone, uuids)
         return problem or None
+
+    def report(self, uuids: Sequence[str], root_pid: int) -> dict[str, Any]:
+        """The card report ``GET /gpu`` answers: ``available`` (NVML could be read),
+        ``error`` (why not), and per card (``uuids``, or every card NVML shows when empty)
+        its ``uuid``, ``name``, ``memory_total_mib``, ``memory_used_mib``, ``compute_pids``
+        and ``own_pids`` (those below ``root_pid``: this agent's jobs). A card whose processes
+        cannot be read carries ``error`` instead of pid lists: its report is missing, and a
+        broker must not call it exclusive."""
+        nvml = self._init()
+        if nvml is None:
+            return {"available": False, "error": self.error, "cards": []}
+        if not uuids:
+            devices = self.devices()
+            if devices is None:
+                return {"available": False, "error": "NVML lists no devices", "cards": []}
+            uuids = [uuid for uuid, _ in devices]
+        return {"available": True, "error": None,
+                "cards": [self._card(nvml, uuid, root_pid) for uuid in uuids]}  # fmt: skip
+
+    def _card(self, nvml: Any, uuid: str, root_pid: int) -> dict[str, Any]:
+        card: dict[str, Any] = {"uuid": uuid}
+        try:
+            handle = self._handle(nvml, uuid)
+            card["name"] = _text(nvml.nvmlDeviceGetName(handle))
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            card["memory_total_mib"] = int(memory.total // MiB)
+            card["memory_used_mib"] = int(memory.used // MiB)
+            pids = sorted({int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)})
+        except Exception as exc:
+            card["error"] = f"card {uuid} could not be read: {exc!r}"
+            return card
+        card["compute_pids"] = pids
+        card["own_pids"] = [pid for pid in pids if descends_from(pid, {root_pid})]
+        return card
+
+
+def resolve_uuids(requested: Sequence[str], nvml: Nvml) -> tuple[str, ...]:
+    """``requested`` with ``VISIBLE`` replaced by the cards NVML shows (none when it cannot
+    be read: the pod then runs its jobs with no GPU pinning, and reports NVML missing)."""
+    out: list[str] = []
+    for uuid in requested:
+        if uuid == VISIBLE:
+            out += [u for u, _ in nvml.devices() or () if u not in out]
+        elif uuid not in out:
+            out.append(uuid)
+    return tuple(out)

@@ -8,12 +8,13 @@ check a name against) loads neither.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from functions.errors import InvalidRequest
 from pool_manager.backends.base import PodBackend
+from pool_manager.backends.gpu_share import GpuShare
 
 BACKEND_KINDS = ("local", "fake", "kubernetes")
 """The backends a broker can be built on: ``local`` (a ``pod_runtime`` agent process per pod on
@@ -36,6 +37,8 @@ class KubernetesOptions:
     """The port declared on every pod that a gang's rank 0 listens on (``MASTER_PORT``)."""
     kubeconfig: Path | None = None
     """None: the in-cluster configuration."""
+    gpu: GpuShare = field(default_factory=GpuShare)
+    """GPU resource names, a standby's fractional share and its pin (``gpu_share``)."""
 
 
 def make_backend(

@@ -1,4 +1,6 @@
-"""GPUs on this machine for the local backend: which cards a pool may use, and the sweep.
+"""GPUs on this machine for the local backend (which cards a pool may use, and the sweep), and
+the verdict on a card read from its pods' own agents (``card_verdict``: the kubernetes
+backend, whose broker cannot read a node's cards).
 
 The inventory comes from the catalog's ``gpus`` (explicit UUIDs per accelerator) or from NVML
 (cards whose name matches the accelerator, e.g. ``h200`` in "NVIDIA H200"); no NVML and no
@@ -15,35 +17,16 @@ Blocking (NVML, /proc): call from a worker thread.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from pod_runtime.gpu import Nvml
+from pod_runtime.gpu import Nvml, descends_from, parent_pid
+
+__all__ = ["GpuInventory", "card_verdict", "descends_from", "parent_pid"]
 
 
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
-
-
-def descends_from(pid: int, ancestors: set[int]) -> bool:
-    """Whether ``pid`` is one of ``ancestors`` or below one of them (bounded walk)."""
-    for _ in range(64):
-        if pid in ancestors:
-            return True
-        parent = parent_pid(pid)
-        if parent is None or parent <= 1:
-            return False
-        pid = parent
-    return False
 
 
 class GpuInventory:
@@ -67,3 +50,28 @@ class GpuInventory:
             return None
         ours = set(pod_pids)
         return all(descends_from(pid, ours) for pid in pids)
+
+
+def card_verdict(card: str, reports: Sequence[Mapping[str, Any] | None]) -> bool | None:
+    """Exclusivity of ``card`` from its group's agents' reports (``pod_runtime.gpu.Nvml.report``,
+    one per pod pinned to the card; None for an agent that did not answer).
+
+    Fails closed (paper A.4): None, "change nothing", when no agent answered (a failed read);
+    False when those that answered could not read the card (NVML missing, the card absent
+    from every report, its processes unreadable: the report is missing); True only when a
+    complete reading lists no compute process that is not some group agent's own job's."""
+    answered = [r for r in reports if r is not None]
+    if not answered:
+        return None
+    readings = [
+        c
+        for r in answered
+        if r.get("available")
+        for c in r.get("cards") or ()
+        if isinstance(c, Mapping) and c.get("uuid") == card and "compute_pids" in c
+    ]
+    if not readings:
+        return False
+    compute = {int(p) for c in readings for p in c.get("compute_pids") or ()}
+    own = {int(p) for c in readings for p in c.get("own_pids") or ()}
+    return compute <= own

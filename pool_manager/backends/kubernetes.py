@@ -29,11 +29,14 @@ a create. The broker runs deletes in tasks of their own.
 Agent secrets are derived, never stored by the broker: a restarted broker with the same
 signing key computes every recovered pod's secret again (``pod_runtime.agent_auth``).
 
-GPUs: an active GPU pod asks for ``units_per_pod`` of ``nvidia.com/gpu`` (unless its template
-says otherwise); the device plugin picks the card, which this backend does not read back, so
-its ``gpu`` is None; a standby is given its active's card (``gpu``), kept in the
-``firepool.io/gpu`` annotation. ``sweep`` reads no card (it reports nothing, so the broker
-changes nothing).
+GPUs (``gpu_share``, ``kubernetes_gpu``): an active GPU pod asks for ``units_per_pod`` cards
+of the share's resource (unless its template says otherwise) and the scheduler picks them;
+``create`` reads the card back from the scheduler's annotation on the pod or, failing that,
+from the pod's agent (the cards NVML shows it), and writes it into ``firepool.io/gpu`` so a
+restarted broker finds it; a pod whose card cannot be learnt has ``gpu`` None (no standby
+joins it). A standby asks for a fractional share of its active's card (``gpu``), pinned by
+UUID. ``sweep`` judges each card from the card reports of the agents of every pod pinned to
+it, failing closed (``gpus.card_verdict``).
 
 Concurrency: every method runs on the event loop that first used the backend; API calls run
 in worker threads.
@@ -51,11 +54,15 @@ from typing import Any
 from pod_runtime.agent_auth import pod_secret
 from pool_manager.backends.base import BackendPod, CreateFailed
 from pool_manager.backends.factory import KubernetesOptions
+from pool_manager.backends.gpu_share import GpuShare
 from pool_manager.backends.kubernetes_api import ApiException, KubeApi, connect
+from pool_manager.backends.kubernetes_gpu import AgentGpuReports
 from pool_manager.backends.kubernetes_spec import (
+    ANNOTATION_GPU,
     LABEL_POOL,
     backend_pod,
     owner_patch,
+    pod_card,
     pod_dead,
     pod_ip,
     pod_manifest,
@@ -108,9 +115,13 @@ class KubernetesBackend:
         ip_timeout_s: float = 300.0,
         delete_wait_s: float = 30.0,
         resync_s: float = RESYNC_S,
+        gpu: GpuShare | None = None,
+        card_timeout_s: float = 60.0,
     ) -> None:
         """``ip_timeout_s``: how long a create waits for its pod's IP (image pulls
-        included). ``delete_wait_s``: how long a delete waits to see its pod gone."""
+        included). ``delete_wait_s``: how long a delete waits to see its pod gone. ``gpu``:
+        GPU resource names and a standby's share. ``card_timeout_s``: how long a create of an
+        active GPU pod the scheduler wrote no card on waits for its agent to report one."""
         self.api = api
         self.agent_key = agent_key
         self.agent_port = agent_port
@@ -120,6 +131,9 @@ class KubernetesBackend:
         self.delete_wait_s = delete_wait_s
         self.resync_s = resync_s
         self.pacer = Pacer(create_qps)
+        self.gpu = gpu or GpuShare()
+        self.card_timeout_s = card_timeout_s
+        self.reports = AgentGpuReports(agent_key, agent_port)
         self.observed: dict[str, dict[str, Any]] = {}
         self._pending: dict[str, tuple[dict[str, Any], float]] = {}
         """Pods created and not yet observed, with when (monotonic) they were created."""
@@ -140,6 +154,7 @@ class KubernetesBackend:
             agent_port=options.agent_port,
             rendezvous_port=options.rendezvous_port,
             create_qps=options.create_qps,
+            gpu=options.gpu,
         )
 
     # The view, kept on the loop.
@@ -203,7 +218,7 @@ class KubernetesBackend:
         return pod
 
     def _report(self, pod: dict[str, Any]) -> BackendPod:
-        report = backend_pod(pod, self.agent_port)
+        report = backend_pod(pod, self.agent_port, self.gpu)
         for key, value in self._written.get(report.name, {}).items():
             if value is None:
                 report.annotations.pop(key, None)
@@ -242,7 +257,8 @@ class KubernetesBackend:
         created = time.time()
         manifest = pod_manifest(name, pool, role, gpu, namespace=self.api.namespace,
                                 port=self.agent_port, created=created,
-                                rendezvous_port=self.rendezvous_port)  # fmt: skip
+                                rendezvous_port=self.rendezvous_port,
+                                share=self.gpu)  # fmt: skip
         secret = secret_manifest(name, pool, pod_secret(self.agent_key, name), self.api.namespace)
         async with self._create_lock:
             await self.pacer.wait()
@@ -254,7 +270,32 @@ class KubernetesBackend:
         if ip is None:
             self._spawn(self.delete(name))
             raise CreateFailed(f"pod {name} got no IP: it failed, was deleted or timed out")
-        return self._report(self._current(name) or pod)
+        report = self._report(self._current(name) or pod)
+        if pool.is_gpu and report.gpu is None:
+            report.gpu = await self._learn_card(name, ip)
+        return report
+
+    async def _learn_card(self, name: str, ip: str) -> str | None:
+        """The card of an active pod the scheduler wrote none on, from its agent, written
+        into ``firepool.io/gpu`` (best effort: a pod whose annotation failed keeps its card
+        until a restart, which then finds none and stages no standby on it)."""
+        current = self._current(name) or {}
+        card = pod_card(current, self.gpu)
+        if card is None:
+
+            def gone() -> bool:
+                pod = self._current(name)
+                return pod is None or pod_dead(pod)
+
+            card = await self.reports.card_of(name, ip, gone, self.card_timeout_s)
+        if card is not None:
+            patch = {"metadata": {"annotations": {ANNOTATION_GPU: card}}}
+            try:
+                await asyncio.to_thread(self.api.merge_patch, "pods", name, patch)
+            except ApiException as exc:
+                log.warning("pod %s: its card %s could not be written on it: %s", name, card,
+                            exc.reason)  # fmt: skip
+        return card
 
     async def _post(
         self, name: str, manifest: dict[str, Any], secret: dict[str, Any]
@@ -350,8 +391,15 @@ class KubernetesBackend:
         self._confirm(name)
 
     async def sweep(self, gpus: Sequence[str]) -> dict[str, bool]:
-        """No card can be read from here: nothing is reported."""
-        return {}
+        """Each card's exclusivity from the reports of the agents of every live pod pinned
+        to it (``kubernetes_gpu``); cards no agent answered for are left out."""
+        pods: dict[str, list[tuple[str, str]]] = {}
+        for name in set(self.observed) - self._deleting:
+            pod = self.observed[name]
+            card, ip = pod_card(pod, self.gpu), pod_ip(pod)
+            if card is not None and ip is not None and not pod_dead(pod):
+                pods.setdefault(card, []).append((name, ip))
+        return await self.reports.sweep(gpus, pods)
 
     async def exited(self, name: str) -> bool:
         """The pod is not in this backend's view, is being deleted, or has stopped."""
@@ -362,6 +410,7 @@ class KubernetesBackend:
         """Stops the watch; the pods keep running."""
         if self._watch is not None:
             self._watch.stop()
+        await self.reports.close()
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await task

@@ -11,9 +11,15 @@ one list call (``backend_pod``):
 - labels: ``firepool.io/pool`` (the pool; every pod of the backend has it: the list's
   selector), ``firepool.io/role`` (``active``/``standby``), ``firepool.io/template-hash``;
 - the backend's annotations (``firepool.io/...``): the pool's template version, when the
-  create was asked, the GPU the pod is pinned to;
+  create was asked, the GPU the pod is pinned to (a standby's from its create, an active's
+  once its card is known: the scheduler's annotation, else its agent's report);
 - the broker's annotations (owner, tag, queue, hold, retire-after: ``broker.pods``), written
   by ``annotate`` as a merge patch; they are every annotation outside ``firepool.io/``.
+
+GPUs (``gpu_share.GpuShare``): an active GPU pod asks for whole cards and tells its agent to
+take the cards NVML shows it (``--gpu-uuid visible``); a standby asks for a fractional share of
+its active's card, pinned by UUID with the scheduler's annotation, and its agent is given that
+card. A pod's card is read back from ``firepool.io/gpu`` or the scheduler's annotation.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import hashlib
 from typing import Any
 
 from pod_runtime.agent_auth import SECRET_ENV, tcp_endpoint
+from pod_runtime.gpu import VISIBLE
 from pool_manager.backends.base import BackendPod
+from pool_manager.backends.gpu_share import GpuShare
 from pool_manager.backends.local import limit_args
 from pool_manager.catalog import PodTemplate, PoolSpec
 
@@ -40,7 +48,7 @@ SECRET_KEY = "secret"
 POD_DIR = "/pod"
 """The pod directory inside the container (an emptyDir)."""
 AGENT_COMMAND = ("python", "-m", "pod_runtime.agent")
-GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_SHARE = GpuShare()
 
 
 def secret_name(pod: str) -> str:
@@ -55,7 +63,9 @@ def template_hash(pool: PoolSpec) -> str:
 
 
 def agent_args(name: str, pool: PoolSpec, role: str, gpu: str | None, port: int) -> list[str]:
-    """The agent's options: the pod's name, directory, where it listens, and the pool's."""
+    """The agent's options: the pod's name, directory, where it listens, and the pool's. A
+    pod with a card given is pinned to it; an active GPU pod without one takes the cards it
+    sees (``VISIBLE``: its scheduler gave it those)."""
     args = ["--pod-name", name, "--pod-dir", POD_DIR, "--listen", f"tcp:0.0.0.0:{port}"]
     args += ["--role", role]
     if pool.preload:
@@ -64,16 +74,25 @@ def agent_args(name: str, pool: PoolSpec, role: str, gpu: str | None, port: int)
         args.append("--no-zygote")
     if gpu is not None:
         args += ["--gpu-uuid", gpu]
+    elif pool.is_gpu:
+        args += ["--gpu-uuid", VISIBLE]
     return args + limit_args(pool)
 
 
-def _resources(template: PodTemplate, pool: PoolSpec, role: str) -> dict[str, Any]:
+def _resources(template: PodTemplate, pool: PoolSpec, role: str, share: GpuShare) -> dict[str, Any]:
     """The template's resources; an active GPU pod that names no GPU limit asks for its
-    ``units_per_pod`` (a standby shares its active's card: it asks for none)."""
+    ``units_per_pod`` cards; a standby asks for a fractional share of one (``share``), in
+    place of any GPU limits its template names (those are the active's)."""
     resources = {k: dict(v) for k, v in template.resources.items()}
     if pool.is_gpu and role == "active":
         limits = resources.setdefault("limits", {})
-        limits.setdefault(GPU_RESOURCE, pool.units_per_pod)
+        limits.setdefault(share.resource, pool.units_per_pod)
+    elif pool.is_gpu:
+        gpu_names = {share.resource, share.memory_resource, share.cores_resource}
+        for kind in ("requests", "limits"):
+            for key in gpu_names & set(resources.get(kind, {})):
+                del resources[kind][key]
+        resources.setdefault("limits", {}).update(share.standby_limits())
     return resources
 
 
@@ -87,16 +106,20 @@ def pod_manifest(
     port: int,
     created: float,
     rendezvous_port: int | None = None,
+    share: GpuShare = DEFAULT_SHARE,
 ) -> dict[str, Any]:
     """The pod ``name`` of ``pool``, its agent on ``port`` and, when given, the gang
     rendezvous port its job listens on as a gang's rank 0 (``MASTER_PORT``) declared beside
-    it. Raises ``ValueError`` for a pool without a template."""
+    it. A pod given a card ``gpu`` (a standby) is pinned to it by the scheduler's UUID
+    annotation (``share``). Raises ``ValueError`` for a pool without a template."""
     template = pool.pod_template
     if template is None:
         raise ValueError(f"pool {pool.sku} has no pod template (its catalog entry's template:)")
     annotations = {ANNOTATION_TEMPLATE: pool.template, ANNOTATION_CREATED: repr(created)}
     if gpu is not None:
         annotations[ANNOTATION_GPU] = gpu
+        if share.uuid_annotation:
+            annotations[share.uuid_annotation] = gpu
     ports = [{"name": "agent", "containerPort": port, "protocol": "TCP"}]
     if rendezvous_port is not None:
         ports.append({"name": "rendezvous", "containerPort": rendezvous_port, "protocol": "TCP"})
@@ -115,7 +138,7 @@ def pod_manifest(
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 2},
         "volumeMounts": [{"name": "pod", "mountPath": POD_DIR}],
     }
-    resources = _resources(template, pool, role)
+    resources = _resources(template, pool, role, share)
     if resources:
         container["resources"] = resources
     if template.security_context:
@@ -192,7 +215,18 @@ def is_ours(pod: dict[str, Any]) -> bool:
     return LABEL_POOL in ((pod.get("metadata") or {}).get("labels") or {})
 
 
-def backend_pod(pod: dict[str, Any], port: int) -> BackendPod:
+def pod_card(pod: dict[str, Any], share: GpuShare = DEFAULT_SHARE) -> str | None:
+    """The card the pod is pinned to: ``firepool.io/gpu`` (written by the backend), else the
+    first the scheduler's annotation names; None when neither says."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    gpu = annotations.get(ANNOTATION_GPU)
+    if isinstance(gpu, str) and gpu:
+        return gpu
+    cards = share.scheduled_cards(annotations)
+    return cards[0] if cards else None
+
+
+def backend_pod(pod: dict[str, Any], port: int, share: GpuShare = DEFAULT_SHARE) -> BackendPod:
     """What the backend reports of a pod object from the API server. Before the pod has an
     IP its endpoint has no host (a call to it fails at once)."""
     meta = pod["metadata"]
@@ -209,7 +243,17 @@ def backend_pod(pod: dict[str, Any], port: int) -> BackendPod:
         created=created,
         endpoint=tcp_endpoint(pod_ip(pod) or "", port, meta["name"]),
         alive=not pod_dead(pod),
-        gpu=annotations.get(ANNOTATION_GPU),
+        gpu=pod_card(pod, share),
         template=annotations.get(ANNOTATION_TEMPLATE, "v1"),
-        annotations={k: v for k, v in annotations.items() if not k.startswith(OWN_PREFIX)},
+        annotations={k: v for k, v in annotations.items() if _brokers(k, share)},
+    )
+
+
+def _brokers(key: str, share: GpuShare) -> bool:
+    """Whether a pod annotation is the broker's: not the backend's own, not the scheduler's
+    GPU annotations (the pin this backend wrote, the cards the scheduler wrote)."""
+    return (
+        not key.startswith(OWN_PREFIX)
+        and key != share.uuid_annotation
+        and (key not in share.card_annotations)
     )

@@ -21,6 +21,21 @@ beyond the last byte, and a job on one reaches a port a job on the other binds a
 only through that address (Linux routes all of 127.0.0.0/8 to ``lo``, so every address is
 local: what differs from real nodes is that nothing separates them, no firewall nor latency).
 
+GPUs (``gpus_per_node``): each node has that many emulated cards (``GPU-e<net>-n<node>-c<k>``)
+and plays the scheduler of a GPU-sharing cluster (HAMi) for pods asking for ``nvidia.com/gpu``:
+a pod pinned by ``nvidia.com/use-gpuuuid`` goes to the node of that card and shares it; any
+other takes a card no other unpinned pod holds, on the next node in turn that has one (none
+free: the pod stays pending, with no IP). With ``scheduler_annotations`` the emulator writes
+the card into the pod's ``hami.io/vgpu-devices-allocated`` as HAMi does; without it the pod's
+agent is the only source of its card. Each agent it starts finds the node's "driver": the
+emulated ``pynvml`` (``emulated_nvml/pynvml.py``, first on its ``PYTHONPATH``) over the node's
+card file, showing it only the card it was given, as a container sees only its own. Limits:
+no card exists, so no real job ever shows on one; a card lists the compute processes a test
+writes (``set_card``) and nothing else; the shares' memory and cores are not enforced or even
+counted (a node takes any number of pinned pods), and the agents share the host's PID
+namespace, so an agent always resolves a pid NVML lists (on a cluster that needs a driver
+that translates pids, or ``hostPID``: docs/kubernetes.md).
+
 What kmock does not do (each written beside the test that needs it): it ignores label
 selectors (every pod of the namespace is listed and watched: the backend filters by its label
 itself), keeps no resourceVersion (lists say ``...``, objects have none, a watch from any
@@ -57,6 +72,13 @@ from pool_manager.backends.local import meta_path, pid_alive, pod_environment, s
 NAMESPACE = "firepool"
 FINALIZER = "node-emulator.firepool.test/agent"
 """Held on every pod whose agent runs, so a delete waits for the agent to stop."""
+GPU_RESOURCE = "nvidia.com/gpu"
+PIN_ANNOTATION = "nvidia.com/use-gpuuuid"
+ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
+EMULATED_NVML = Path(__file__).parent / "emulated_nvml"
+"""Where the emulated ``pynvml`` lives: put first on each agent's ``PYTHONPATH``."""
+CARD_MIB = 143771
+"""An emulated card's framebuffer (an H200's, as NVML reports it)."""
 
 
 def kubeconfig_text(url: str, namespace: str = NAMESPACE) -> str:
@@ -111,7 +133,14 @@ class NodeEmulator:
     cluster's loop; talks to the API server only over HTTP."""
 
     def __init__(
-        self, url: str, root: Path, namespace: str, run_agents: bool, nodes: int = 1
+        self,
+        url: str,
+        root: Path,
+        namespace: str,
+        run_agents: bool,
+        nodes: int = 1,
+        gpus_per_node: int = 0,
+        scheduler_annotations: bool = False,
     ) -> None:
         self.url = url
         self.root = root
@@ -129,8 +158,66 @@ class NodeEmulator:
         """Pods given a node: name -> node name."""
         self._next_ip = [0] * nodes
         self._placements = 0
+        self.scheduler_annotations = scheduler_annotations
+        self.cards: dict[str, int] = {
+            f"GPU-e{self._net:03d}-n{node}-c{k}": node
+            for node in range(nodes)
+            for k in range(gpus_per_node)
+        }
+        """Every emulated card: UUID -> its node."""
+        self.allocated: dict[str, str] = {}
+        """Pods given a card: name -> card."""
+        self.whole: set[str] = set()
+        """Pods given a card of their own (not pinned to a shared one)."""
         self._children: set[int] = set()
         self._http: aiohttp.ClientSession | None = None
+        for node in range(nodes):
+            cards = [c for c, n in self.cards.items() if n == node]
+            self.write_cards(node, [{"uuid": c, "name": "NVIDIA H200",
+                                     "memory_total_mib": CARD_MIB, "readable": True,
+                                     "processes": []} for c in cards])  # fmt: skip
+
+    def card_file(self, node: int) -> Path:
+        return self.root / f"nvml-node-{node}.json"
+
+    def write_cards(self, node: int, cards: list[dict[str, Any]]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.card_file(node).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"cards": cards}))
+        os.replace(tmp, self.card_file(node))
+
+    def set_card(
+        self, uuid: str, readable: bool | None = None, processes: list[int] | None = None
+    ) -> None:
+        """Change what the node's driver says of card ``uuid``: whether its processes can be
+        read, and which pids compute on it."""
+        node = self.cards[uuid]
+        cards = json.loads(self.card_file(node).read_text())["cards"]
+        for card in cards:
+            if card["uuid"] == uuid:
+                if readable is not None:
+                    card["readable"] = readable
+                if processes is not None:
+                    card["processes"] = [{"pid": p, "used_mib": 1024} for p in processes]
+        self.write_cards(node, cards)
+
+    def _card_for(self, pod: dict[str, Any]) -> tuple[int, str] | bool | None:
+        """The node and card a pod asking for a GPU gets; None: no card is free (it stays
+        pending); False: it asks for none."""
+        container = pod["spec"]["containers"][0]
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if GPU_RESOURCE not in limits:
+            return False
+        pin = (pod["metadata"].get("annotations") or {}).get(PIN_ANNOTATION)
+        if pin is not None:
+            return (self.cards[pin], pin) if pin in self.cards else None
+        held = {self.allocated[n] for n in self.whole}
+        for step in range(len(self.nodes)):
+            node = (self._placements + step) % len(self.nodes)
+            for card, at in self.cards.items():
+                if at == node and card not in held:
+                    return node, card
+        return None
 
     def _path(self, kind: str, name: str | None = None) -> str:
         base = f"{self.url}/api/v1/namespaces/{self.namespace}/{kind}"
@@ -147,9 +234,11 @@ class NodeEmulator:
     NODE_BLOCK = 32
     """Third bytes each node's pod addresses span (250 pods each)."""
 
-    def _place(self) -> tuple[str, str, str]:
-        """The next pod's node (in turn), its pod IP in that node's range, the node's IP."""
-        node = self._placements % len(self.nodes)
+    def _place(self, node: int | None = None) -> tuple[str, str, str]:
+        """The next pod's node (``node``, else in turn), its pod IP in that node's range,
+        the node's IP."""
+        if node is None:
+            node = self._placements % len(self.nodes)
         self._placements += 1
         self._next_ip[node] += 1
         n = self._next_ip[node]
@@ -190,13 +279,28 @@ class NodeEmulator:
     async def _start(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
-        node, ip, host_ip = self._place()
+        gpu = self._card_for(pod)
+        if gpu is None:
+            return  # no free card: pending
+        if gpu is False:
+            node, ip, host_ip = self._place()
+            card = None
+        else:
+            assert isinstance(gpu, tuple)
+            node_index, card = gpu
+            node, ip, host_ip = self._place(node_index)
+            self.allocated[name] = card
+            if PIN_ANNOTATION not in (pod["metadata"].get("annotations") or {}):
+                self.whole.add(name)
         self.started[name] = ip
         self.placed[name] = node
         if self.run_agents:
             port = container["ports"][0]["containerPort"]
             env = pod_environment(os.environ)
             env[SECRET_ENV] = await self._secret(container)
+            env["FIREPOOL_TEST_NVML_STATE"] = str(self.card_file(self.nodes.index(node)))
+            env["FIREPOOL_TEST_NVML_VISIBLE"] = card or ""
+            env["PYTHONPATH"] = str(EMULATED_NVML)
             pod_dir = self.root / name
             pod_dir.mkdir(parents=True, exist_ok=True)
             args = _with(container["args"], "--pod-dir", str(pod_dir))
@@ -211,9 +315,12 @@ class NodeEmulator:
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": "agent", "ready": True, "state": {"running": {}}}],
         }  # fmt: skip
-        body: dict[str, Any] = {"spec": {"nodeName": node}, "status": status}
+        body: dict[str, Any] = {"spec": {"nodeName": node}, "status": status, "metadata": {}}
         if self.run_agents:
-            body["metadata"] = {"finalizers": [FINALIZER]}
+            body["metadata"]["finalizers"] = [FINALIZER]
+        if card is not None and self.scheduler_annotations:
+            allocated = f"{card},NVIDIA,{CARD_MIB},0:;"
+            body["metadata"]["annotations"] = {ALLOCATED_ANNOTATION: allocated}
         await self._patch(name, body)
 
     async def _secret(self, container: dict[str, Any]) -> str:
@@ -226,6 +333,8 @@ class NodeEmulator:
 
     async def _stop(self, name: str, release: bool) -> None:
         self.started.pop(name, None)
+        self.allocated.pop(name, None)
+        self.whole.discard(name)
         pid = self.pods.pop(name, None)
         if pid is not None:
             await asyncio.to_thread(stop_pod, self.root / name, self._reap)
@@ -267,12 +376,20 @@ class EmulatedCluster:
     """kmock's API server and the node emulator on a loop in a thread of their own."""
 
     def __init__(
-        self, root: Path, namespace: str = NAMESPACE, run_agents: bool = True, nodes: int = 1
+        self,
+        root: Path,
+        namespace: str = NAMESPACE,
+        run_agents: bool = True,
+        nodes: int = 1,
+        gpus_per_node: int = 0,
+        scheduler_annotations: bool = False,
     ) -> None:
         self.root = root
         self.namespace = namespace
         self.run_agents = run_agents
         self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.scheduler_annotations = scheduler_annotations
         self.url = ""
         self.kmock: LoggingEmulator | None = None
         self.node: NodeEmulator | None = None
@@ -293,8 +410,9 @@ class EmulatedCluster:
             self.kmock = kmock
             self.url = str(server.url).rstrip("/")
             self.node = NodeEmulator(
-                self.url, self.root, self.namespace, self.run_agents, self.nodes
-            )
+                self.url, self.root, self.namespace, self.run_agents, self.nodes,
+                self.gpus_per_node, self.scheduler_annotations,
+            )  # fmt: skip
             node = asyncio.create_task(self.node.run())
             self._ready.set()
             await self._stopped.wait()
@@ -343,9 +461,16 @@ class EmulatedCluster:
 
 @contextlib.contextmanager
 def emulated_cluster(
-    root: Path, run_agents: bool = True, nodes: int = 1
+    root: Path,
+    run_agents: bool = True,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    scheduler_annotations: bool = False,
 ) -> Iterator[EmulatedCluster]:
-    cluster = EmulatedCluster(root, run_agents=run_agents, nodes=nodes).start()
+    cluster = EmulatedCluster(
+        root, run_agents=run_agents, nodes=nodes, gpus_per_node=gpus_per_node,
+        scheduler_annotations=scheduler_annotations,
+    ).start()  # fmt: skip
     try:
         yield cluster
     finally:

@@ -16,6 +16,8 @@ from broker.service import Broker
 from broker.settings import Settings
 from functions.errors import InvalidRequest, UnknownField
 from pod_runtime.agent_auth import SECRET_ENV
+from pod_runtime.gpu import VISIBLE
+from pool_manager.backends.gpu_share import GpuShare
 from pool_manager.backends.kubernetes import Pacer
 from pool_manager.backends.kubernetes_api import ApiException
 from pool_manager.backends.kubernetes_spec import (
@@ -72,12 +74,59 @@ def test_a_pod_is_built_from_its_pools_template_with_what_recovery_needs() -> No
     assert back.annotations == {}  # the backend's own firepool.io/ annotations are not shown
 
 
-def test_a_standby_shares_its_actives_card_and_asks_for_no_gpu() -> None:
-    pool = pool_of(accelerator="h200", standbys_per_active=1, template={"image": "i"})
+def test_a_standby_asks_for_a_fractional_share_pinned_to_its_actives_card_by_uuid() -> None:
+    """Paper §6: the standby's share is a scheduler slot on the active's card (HAMi), pinned
+    by the card's UUID; the GPU limits its template names are the active's, not its own."""
+    template = {"image": "i", "resources": {"limits": {"nvidia.com/gpu": 1,
+                "nvidia.com/gpumem": 130000, "memory": "8Gi"}}}  # fmt: skip
+    pool = pool_of(accelerator="h200", standbys_per_active=1, template=template)
     pod = pod_manifest("h200-s", pool, "standby", "GPU-1", namespace="fp", port=1, created=0)
-    assert pod["metadata"]["annotations"][ANNOTATION_GPU] == "GPU-1"
-    assert "resources" not in pod["spec"]["containers"][0]
-    assert backend_pod(pod, 1).gpu == "GPU-1"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[ANNOTATION_GPU] == "GPU-1"
+    assert annotations["nvidia.com/use-gpuuuid"] == "GPU-1"
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 1,
+                                                "nvidia.com/gpumem": 256,
+                                                "nvidia.com/gpucores": 1}  # fmt: skip
+    args = container["args"]
+    assert args[args.index("--gpu-uuid") + 1] == "GPU-1" and "--role" in args
+    assert args[args.index("--role") + 1] == "standby"
+    back = backend_pod(pod, 1)
+    assert back.gpu == "GPU-1" and back.annotations == {}
+
+
+def test_the_gpu_resource_names_and_the_standby_share_are_configurable() -> None:
+    share = GpuShare(resource="nvidia.com/vgpu", memory_resource="hami.io/mem",
+                     cores_resource="hami.io/cores", standby_memory_mib=512, standby_cores=3,
+                     uuid_annotation="hami.io/use-uuid")  # fmt: skip
+    pool = pool_of(accelerator="h200", standbys_per_active=1, template={"image": "i"})
+    standby = pod_manifest("s", pool, "standby", "GPU-9", namespace="fp", port=1, created=0,
+                           share=share)  # fmt: skip
+    assert standby["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/vgpu": 1, "hami.io/mem": 512, "hami.io/cores": 3}  # fmt: skip
+    assert standby["metadata"]["annotations"]["hami.io/use-uuid"] == "GPU-9"
+    active = pod_manifest("a", pool, "active", None, namespace="fp", port=1, created=0,
+                          share=share)  # fmt: skip
+    container = active["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/vgpu": 1}
+    assert "hami.io/use-uuid" not in active["metadata"]["annotations"]
+    args = container["args"]
+    assert args[args.index("--gpu-uuid") + 1] == VISIBLE  # its agent takes the cards it sees
+
+
+def test_an_active_pods_card_is_read_back_from_the_schedulers_annotation() -> None:
+    pool = pool_of(accelerator="h200", template={"image": "i"})
+    pod = pod_manifest("a", pool, "active", None, namespace="fp", port=1, created=0)
+    assert backend_pod(pod, 1).gpu is None  # not bound yet: no card known
+    allocated = "GPU-7a1c-33,NVIDIA,130000,0:;"  # what HAMi writes on a bound pod
+    pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = allocated
+    back = backend_pod(pod, 1)
+    assert back.gpu == "GPU-7a1c-33" and back.annotations == {}
+    pod["metadata"]["annotations"][ANNOTATION_GPU] = "GPU-own"  # the backend's own wins
+    assert backend_pod(pod, 1).gpu == "GPU-own"
+    assert GpuShare().scheduled_cards({"hami.io/vgpu-devices-allocated": "GPU-a,N,1,0:GPU-b,"
+                                       "N,1,0:;"}) == ("GPU-a", "GPU-b")  # fmt: skip
+    assert GpuShare().scheduled_cards({}) == ()
 
 
 def test_the_template_version_follows_the_templates_content() -> None:

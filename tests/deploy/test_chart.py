@@ -188,6 +188,8 @@ def test_every_firepool_variable_the_broker_gets_is_a_setting_it_reads(
     assert firepool - known == set()
     assert env["FIREPOOL_BACKEND"]["value"] == "kubernetes"
     assert "FIREPOOL_K8S_KUBECONFIG" not in env  # in the cluster: the service account's config
+    assert env["FIREPOOL_K8S_GPU_RESOURCE"]["value"] == "nvidia.com/gpu"  # HAMi's names
+    assert env["FIREPOOL_K8S_GPU_UUID_ANNOTATION"]["value"] == "nvidia.com/use-gpuuuid"
 
 
 def test_the_broker_parses_the_settings_the_chart_gives_it(
