@@ -64,7 +64,7 @@ async def gpu_cluster(
                 await b.close()
 
 
-async def _until(check: Callable[[], object], timeout_s: float = 20.0) -> None:
+async def _until(check: Callable[[], object], timeout_s: float = 60.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not check():
@@ -148,8 +148,11 @@ async def test_the_sweep_fails_closed_until_the_cards_report_is_clean(
 
 
 async def _eventually_answered(verdict: Callable[[], object]) -> object:
-    """The first verdict that is not None (the agents answer once they have started)."""
-    for _ in range(200):
+    """The first verdict that is not None (the agents answer once they have started; a
+    loaded machine starts an interpreter in seconds, so the wait is generous)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60.0
+    while loop.time() < deadline:
         got = await verdict()  # type: ignore[misc]
         if got is not None:
             return got
