@@ -58,10 +58,11 @@ def test_the_verifier_loop_runs_every_check_both_ways_with_the_expected_verdicts
 
 
 def test_the_backlog_benchmark_measures_broker_cpu_per_job_at_each_depth() -> None:
-    result = run_json("backlog", "--depths", "4", "12", "--pods", "2")
+    result = run_json("backlog", "--depths", "4", "12", "--pods", "2", "--min-jobs", "10")
     assert result["backend"] == "fake"
     low, high = result["depths"]
     assert (low["jobs"], high["jobs"]) == (4, 12)
+    assert (low["batches"], high["batches"]) == (3, 1)  # 4 jobs thrice reach 10; 12 at once
     assert high["broker_cpu_ms_per_job"] > 0
     assert {"not_succeeded", "wall_ms_per_job", "load_average"} <= high.keys()
     assert result["ratio"] == round(  # of the rounded figures, so exactly
