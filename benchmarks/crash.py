@@ -8,7 +8,9 @@ on loopback, so a job whose user code ran twice is caught from its own side effe
 
 Prints ``lost`` (accepted jobs that never succeeded, or succeeded without running),
 ``duplicated`` (keys executed more than once), ``holds_restored`` / ``holds_before`` (owner
-holds seen just before each kill that the restarted broker still has for the same owner) and
+holds the broker had when it was killed that the restarted broker still has for the same
+owner, ``count_holds``; ``holds_ended_before_kill``: holds read before a kill that the broker
+itself ended between that read and the kill, counted in neither) and
 ``restart_to_dispatch_p50_s`` (process start → recovered and dispatching, from the broker's
 own log; ``recovery_p50_s`` is the recovery alone, ``spawn_to_ready_p50_s`` what a client
 sees from the restart to a ready ``/readyz``).
@@ -48,6 +50,49 @@ CATALOG = (
 )
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 DISPATCHING = re.compile(r"dispatching ([0-9.]+) s after process start .*recovery ([0-9.]+) s")
+HOLD_ENDED = re.compile(r"deleting pod (\S+): | on (\S+), path recycled")
+"""Broker log lines that end a pod's owner hold: its deletion begins (the line comes before
+the backend is asked), or a job of another of its owner's sessions takes it, which persists
+the pod's retire mark after this line (``broker.dispatcher``)."""
+OWNER_TOOK = re.compile(r"job (\S+) started: attempt \S+ on (\S+), path (?:warm|recycled)")
+"""A job took the pods from their owner hold (``claim_policy``: its caller's hold)."""
+QUEUED = re.compile(r"job (\S+) queued: \S+ v\S+ for (\S+) on ")
+"""A job and its caller."""
+
+
+def _pods_named(pattern: re.Pattern[str], log: str) -> set[str]:
+    return {name for match in pattern.finditer(log) for group in match.groups() if group
+            for name in group.split(",")}  # fmt: skip
+
+
+def count_holds(
+    held: dict[str, str],
+    after: dict[str, str],
+    window_log: str,
+    restart_log: str,
+    callers: dict[str, str],
+) -> tuple[dict[str, str], set[str], set[str]]:
+    """``held``: pod -> owner of the idle held pods read from the broker just before it was
+    killed; ``after``: pod -> owner of every pod the restarted broker reports;
+    ``window_log``: what the killed broker logged from just before that read to its end;
+    ``restart_log``: what the restarted broker logged from its start;
+    ``callers``: job id -> caller.
+
+    The read and the kill are two moments: between them the broker runs on, and may end a
+    hold itself (break it for a queued job at the pool's ceiling, delete a pod that
+    stopped, or hand it to a job of its owner's next session), which the restarted broker
+    rightly does not restore. Such holds (``HOLD_ENDED`` in ``window_log``) are no hold the
+    broker had at the kill. Returns the holds at the kill (pod -> owner), the ones restored
+    (the restarted broker reports the pod with the same owner, or its log shows that a job
+    took it from the hold for a job of that owner), and the ones ended before the kill."""
+    ended = _pods_named(HOLD_ENDED, window_log) & set(held)
+    at_kill = {name: owner for name, owner in held.items() if name not in ended}
+    taken = {
+        (pod, callers.get(job)) for job, pods in OWNER_TOOK.findall(restart_log)
+        for pod in pods.split(",")
+    }  # fmt: skip
+    restored = {n for n, owner in at_kill.items() if after.get(n) == owner or (n, owner) in taken}
+    return at_kill, restored, ended
 
 
 class Recorder:
@@ -201,7 +246,7 @@ def run(
     restarts: list[float] = []
     dispatching: list[float] = []
     recovery: list[float] = []
-    holds_before = holds_restored = 0
+    holds_before = holds_restored = holds_ended = 0
     try:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(FN, name="work", sku="cpu", entrypoint="crashfn:work", max_retries=3)
@@ -223,11 +268,13 @@ def run(
         bar = tqdm(total=kills, desc="kills", disable=not progress, file=sys.stderr)
         for _ in range(kills):
             time.sleep(random.uniform(0.5, 2.0))
+            log_at_read = log_size(home)
             try:
                 held = held_pods(server, admin)
             except httpx.HTTPError:
                 held = {}
             server.kill()
+            log_at_kill = log_size(home)
             t0 = time.monotonic()
             server = start_broker(home, CATALOG, port=port)
             restarts.append(time.monotonic() - t0)
@@ -239,13 +286,24 @@ def run(
             # A hold that ran out while the broker restarted (a slow restart on a loaded
             # machine) is not one the restarted broker should still have.
             read_at = time.time()
-            before = {n: owner for n, (owner, until) in held.items() if until > read_at + 1}
+            due = {n: owner for n, (owner, until) in held.items() if until > read_at + 1}
+            log = (home / "broker.log").read_bytes()
+            before, restored, ended = count_holds(
+                due,
+                after,
+                log[log_at_read:log_at_kill].decode(errors="replace"),
+                log[log_at_kill:].decode(errors="replace"),
+                dict(QUEUED.findall(log.decode(errors="replace"))),
+            )
             holds_before += len(before)
-            restored = {n for n, owner in before.items() if after.get(n) == owner}
             holds_restored += len(restored)
+            holds_ended += len(ended)
+            restart_log = log[log_at_kill:].decode(errors="replace").splitlines()
             for name in sorted(set(before) - restored):
                 print(
                     f"hold not restored: {name} (owner {before[name]}, now {after.get(name)})",
+                    *[f"    {line[:300]}" for line in restart_log if name in line][:5],
+                    sep="\n",
                     file=sys.stderr,
                 )
             bar.update()
@@ -269,12 +327,18 @@ def run(
         "duplicated": len(duplicated),
         "holds_restored": holds_restored,
         "holds_before": holds_before,
+        "holds_ended_before_kill": holds_ended,
         "restart_to_dispatch_p50_s": _median(dispatching),
         "restart_to_dispatch_max_s": round(max(dispatching), 3) if dispatching else None,
         "recovery_p50_s": _median(recovery),
         "spawn_to_ready_p50_s": _median(restarts),
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5]},
     }
+
+
+def log_size(home: Path) -> int:
+    """Bytes in the broker log (every broker of the run appends to the one file)."""
+    return (home / "broker.log").stat().st_size
 
 
 def held_pods_any_state(server: BrokerServer, admin: str) -> dict[str, str]:

@@ -106,6 +106,9 @@ class PodManager:
         self._tasks = BackgroundTasks()
         self._deleting: set[str] = set()
         self._pending_notes: dict[str, dict[str, str | None]] = {}
+        """Per pod, the hold timing not yet handed to the backend (``annotate_later``)."""
+        self._flushing: set[str] = set()
+        """Pods whose ``_flush_notes`` task runs (one per pod: writes stay in order)."""
         self.create_failures: dict[str, CreateFailures] = {}
         """Per pool, its pods failing to start in a row (cleared by one becoming ready)."""
 
@@ -282,19 +285,24 @@ class PodManager:
 
     def annotate_later(self, name: str, annotations: Mapping[str, str | None]) -> None:
         """Persist hold timing off the job's path. Writes per pod are coalesced and applied in
-        order by one task, so an older write never lands after a newer one."""
+        order by one task, so an older write never lands after a newer one; one made while
+        the pod's last write is under way is written after it (a write hands the backend its
+        own copy, so nothing merged later is taken for written)."""
         pending = self._pending_notes.get(name)
         if pending is not None:
             pending.update(annotations)
             return
         self._pending_notes[name] = dict(annotations)
-        self._tasks.spawn(self._flush_notes(name))
+        if name not in self._flushing:
+            self._flushing.add(name)
+            self._tasks.spawn(self._flush_notes(name))
 
     async def _flush_notes(self, name: str) -> None:
-        while (notes := self._pending_notes.get(name)) is not None:
-            await self.annotate_now(name, notes)
-            if self._pending_notes.get(name) is notes:
-                del self._pending_notes[name]
+        try:
+            while (notes := self._pending_notes.pop(name, None)) is not None:
+                await self.annotate_now(name, notes)
+        finally:
+            self._flushing.discard(name)
 
     async def drain(self) -> None:
         await self._tasks.drain()

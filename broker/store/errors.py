@@ -2,7 +2,9 @@
 
 ``StaleRevision`` is a ``Conflict``: the caller's copy of a job is older than the stored row, so
 its compare-and-set did not apply and nothing was written. ``SchemaError`` means the database
-schema is not the one this code was written for; it is raised at open time, never later.
+schema is not the one this code was written for; ``ForeignDatabase``, a ``SchemaError``, that
+the database is not Firepool's at all (``schema.py`` says which are). Both are raised at open
+time, never later.
 """
 
 from __future__ import annotations
@@ -22,3 +24,8 @@ class StaleRevision(Conflict):
 
 class SchemaError(RuntimeError):
     """The database schema is older or newer than this code, or not a Firepool schema."""
+
+
+class ForeignDatabase(SchemaError):
+    """The database holds tables but is not Firepool's (``broker.store.schema``): it is never
+    written to."""

@@ -17,7 +17,9 @@ A pod's environment is the broker's filtered to ``POD_ENV_NAMES`` and ``POD_ENV_
 environment; the broker's own configuration and credentials never reach a job.
 
 Concurrency: methods run on the broker's event loop; the slow parts (spawning, killing,
-removing trees) run in worker threads.
+removing trees, reading and writing the records) run in worker threads. Every change of a
+record is one read-modify-write under the backend's ``_records`` lock, so concurrent
+``annotate`` calls on one pod each merge (none is lost, none fails on another's temporary file).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -206,6 +209,8 @@ class LocalBackend:
         self._children: set[int] = set()
         self.agent_key = agent_key
         self.tcp_host = tcp_host
+        self._records = threading.RLock()
+        """Held across each read-modify-write (and write) of a pod's record."""
 
     def _reap(self) -> None:
         """Collect exit statuses of agents we spawned that have exited (no zombies)."""
@@ -223,8 +228,9 @@ class LocalBackend:
     def _write_meta(self, name: str, meta: Mapping[str, object]) -> None:
         path = self._meta_path(name)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, sort_keys=True))
-        os.replace(tmp, path)
+        with self._records:
+            tmp.write_text(json.dumps(meta, sort_keys=True))
+            os.replace(tmp, path)
 
     def _read_meta(self, name: str) -> dict[str, object] | None:
         try:
@@ -362,17 +368,18 @@ class LocalBackend:
         return not (isinstance(pid, int) and pid_alive(pid))
 
     def _annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
-        meta = self._read_meta(name)
-        if meta is None:
-            return
-        current = dict(meta.get("annotations") or {})  # type: ignore[call-overload]
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            else:
-                current[key] = value
-        meta["annotations"] = current
-        self._write_meta(name, meta)
+        with self._records:
+            meta = self._read_meta(name)
+            if meta is None:
+                return
+            current = dict(meta.get("annotations") or {})  # type: ignore[call-overload]
+            for key, value in annotations.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = value
+            meta["annotations"] = current
+            self._write_meta(name, meta)
 
     async def annotate(self, name: str, annotations: Mapping[str, str | None]) -> None:
         await asyncio.to_thread(self._annotate, name, annotations)
