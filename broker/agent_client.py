@@ -1,8 +1,8 @@
 """HTTP client for pod agents (the protocol of docs/architecture.md §1).
 
-One aiohttp session per pod endpoint (unix socket or TCP), created lazily and closed when the
-pod goes away. Every transport failure surfaces as ``AgentUnreachable``; the caller decides
-whether that means the pod is lost.
+One ``broker.agent_wire.AgentWire`` per pod endpoint (unix socket or TCP: keep-alive
+connections), created lazily and closed when the pod goes away. Every transport failure
+surfaces as ``AgentUnreachable``; the caller decides whether that means the pod is lost.
 
 Every call carries the pod's secret (``pod_runtime.agent_auth``), derived from the client's
 ``key`` and the pod's name, which the endpoint itself says (``agent_auth.pod_of``). The name
@@ -22,9 +22,9 @@ import base64
 import binascii
 from typing import Any, NamedTuple
 
-import aiohttp
 import orjson
 
+from broker.agent_wire import AgentWire
 from pod_runtime.agent_auth import bearer, pod_of, pod_secret
 
 
@@ -48,17 +48,13 @@ MAX_KEPT_LOGS = 1024
 """Most inline logs kept for ``logs`` at once; the oldest goes first."""
 
 
-def _json_dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
 class AgentClient:
     """Talks to pod agents. Use from the event loop only. ``key``
     (``pod_runtime.agent_auth.agent_key``): the key pod secrets derive from; None sends no
     secret (agents started without one)."""
 
     def __init__(self, key: bytes | None = None) -> None:
-        self._sessions: dict[str, tuple[aiohttp.ClientSession, str]] = {}
+        self._wires: dict[str, AgentWire] = {}
         self._key = key
         self._logs: dict[tuple[str, str], LogChunk] = {}
         """Inline logs by ``(endpoint, attempt id)``: each the whole log of an ended attempt."""
@@ -78,48 +74,25 @@ class AgentClient:
             self._logs.pop(next(iter(self._logs)))
         self._logs[(endpoint, attempt_id)] = LogChunk(data, len(data), True)
 
-    def _session(self, endpoint: str) -> tuple[aiohttp.ClientSession, str]:
-        entry = self._sessions.get(endpoint)
-        if entry is not None:
-            return entry
-        headers: dict[str, str] = {}
-        pod = pod_of(endpoint)
-        if self._key is not None and pod is not None:
-            headers = bearer(pod_secret(self._key, pod))
-        if endpoint.startswith("unix:"):
-            connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=endpoint[5:])
-            base = "http://pod"
-        elif endpoint.startswith("tcp:"):
-            connector = aiohttp.TCPConnector(limit=0)
-            base = "http://" + endpoint[4:].partition("#")[0]
-        else:
-            raise ValueError(f"unknown agent endpoint {endpoint!r}")
-        session = aiohttp.ClientSession(
-            connector=connector,
-            json_serialize=_json_dumps,
-            skip_auto_headers=("User-Agent",),
-            headers=headers,
-        )
-        self._sessions[endpoint] = (session, base)
-        return session, base
+    def _wire(self, endpoint: str) -> AgentWire:
+        wire = self._wires.get(endpoint)
+        if wire is None:
+            headers: dict[str, str] = {}
+            pod = pod_of(endpoint)
+            if self._key is not None and pod is not None:
+                headers = bearer(pod_secret(self._key, pod))
+            wire = self._wires[endpoint] = AgentWire(endpoint, headers)
+        return wire
 
     async def _call(
         self, method: str, endpoint: str, path: str, *, body: Any = None, timeout: float = 10.0
     ) -> tuple[int, Any]:
-        session, base = self._session(endpoint)
+        wire = self._wire(endpoint)
         data = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else None
         try:
-            async with session.request(
-                method,
-                base + path,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:
-                raw = await resp.read()
-                return resp.status, (orjson.loads(raw) if raw else None)
-        except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError) as exc:
+            status, raw = await wire.request(method, path, data, timeout)
+            return status, (orjson.loads(raw) if raw else None)
+        except (TimeoutError, OSError, ValueError) as exc:  # orjson's JSONDecodeError too
             # Not the endpoint: the message may reach a caller (a PodLost error), and a local
             # pod's endpoint is a path inside the broker's state directory.
             raise AgentUnreachable(f"{method} {path.partition('?')[0]}: {exc!r}") from exc
@@ -200,11 +173,11 @@ class AgentClient:
     async def forget(self, endpoint: str) -> None:
         for key in [k for k in self._logs if k[0] == endpoint]:
             del self._logs[key]
-        entry = self._sessions.pop(endpoint, None)
-        if entry is not None:
-            await entry[0].close()
+        wire = self._wires.pop(endpoint, None)
+        if wire is not None:
+            wire.close()
 
     async def close(self) -> None:
-        for session, _ in self._sessions.values():
-            await session.close()
-        self._sessions.clear()
+        for wire in self._wires.values():
+            wire.close()
+        self._wires.clear()
