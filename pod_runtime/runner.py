@@ -48,10 +48,10 @@ zygote reports it in milliseconds) before the reporter is deemed broken."""
 TOO_DEEP = f"the job's output nests more than {job_main.MAX_NESTING} levels deep"
 """Also checked here: a job can write its result file itself, past ``job_main``'s checks."""
 INLINE_PACKAGE_BYTES = 16 * 1024
-"""A package zip this small is extracted on the event loop (at most a few hundred entries
-and, by the archive's ratio cap, a few MB: well under a millisecond for the usual handful of
-source files, less than a worker thread's hand-off and back); a larger one in a worker
-thread."""
+"""A package zip this small is extracted on the event loop: it holds at most a few hundred
+entries and, by the archive's ratio cap, declares at most 3.2 MB, and the usual handful of
+source files takes well under a millisecond, less than a worker thread's hand-off and back.
+A larger one is extracted in a worker thread."""
 RESULT_SLACK_BYTES = 64 * 1024
 """What the result file may hold beyond the output cap (its envelope, or an error's
 message and traceback); a larger file was not written by ``job_main``."""
