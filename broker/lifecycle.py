@@ -29,6 +29,10 @@ log = logging.getLogger("firepool.lifecycle")
 
 READ_CHUNK = 1 << 20
 """Most bytes of an archived log read at once (a 64 MiB log is streamed, never held whole)."""
+INLINE_WRITE_BYTES = 64 * 1024
+"""A log chunk this small is appended to its archive file on the event loop (a page-cache
+write of microseconds, less than a worker thread's hand-off and back); a larger one in a
+worker thread."""
 
 
 class LogArchive:
@@ -175,7 +179,8 @@ class PodRecycler:
                 try:
                     if rank == 0:
                         await self._keep_what_fits(job_id, endpoint, attempt_id)
-                        await asyncio.to_thread(self.logs.seal, job_id)
+                        if type(self.logs).seal is not LogArchive.seal:  # local: a no-op
+                            await asyncio.to_thread(self.logs.seal, job_id)
                     await self.agents.ack(endpoint, attempt_id)
                 except AgentUnreachable as exc:
                     log.info("pod %s unreachable while archiving %s: %s", pod, attempt_id, exc)
@@ -206,7 +211,10 @@ class PodRecycler:
             if chunk is None:
                 return
             if chunk.data or offset == 0:  # the first read even when empty: see ``write``
-                await asyncio.to_thread(self.logs.write, job_id, chunk.data, offset)
+                if len(chunk.data) <= INLINE_WRITE_BYTES:
+                    self.logs.write(job_id, chunk.data, offset)
+                else:
+                    await asyncio.to_thread(self.logs.write, job_id, chunk.data, offset)
             if not chunk.data:
                 return
             offset = chunk.offset

@@ -35,6 +35,7 @@ from aiohttp import web
 from functions.errors import Conflict, ErrorClass, FirepoolError, InvalidRequest, NotFound
 from pod_runtime.agent_auth import auth_middleware
 from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState, decode_spec, json_safe
+from pod_runtime.reset import INLINE_ENTRIES, entries_within
 
 LOG_CHUNK = 1 << 20
 """The most log bytes one ``GET /attempts/{id}/logs`` answers."""
@@ -42,6 +43,9 @@ MAX_WAIT_S = 600.0
 """The longest long poll ``GET /attempts/{id}?wait=S`` holds; a longer ``wait`` is cut to it."""
 CANCEL_WAIT_S = 10.0
 """How long ``DELETE /attempts/{id}`` waits for the killed attempt to end before answering."""
+INLINE_LOG_BYTES = 64 * 1024
+"""An ended attempt's whole log, when its served size is at most this, rides along in the
+attempt's answer (``log``, base64): the broker archives it without a ``GET .../logs``."""
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """The largest request body served (an attempt's inline input)."""
 HTTP_STATUS = {
@@ -181,7 +185,25 @@ class AgentRoutes(abc.ABC, Generic[A]):
         if not spec.wait:
             return respond({"attempt_id": spec.attempt_id}, 202)
         await attempt.done.wait()
-        return respond(attempt.result.to_json())
+        return respond(self.answer(attempt))
+
+    def answer(self, attempt: A) -> dict[str, Any]:
+        """The attempt's result; once it ended, with its whole log (``log``, base64: the
+        bytes ``GET .../logs?encoding=base64`` serves from offset 0) when the log's served
+        size is fixed (``ended_log_size``) and at most ``INLINE_LOG_BYTES``."""
+        body = attempt.result.to_json()
+        if not attempt.done.is_set():
+            return body
+        size = self.ended_log_size(attempt, True)
+        if size is None or size > INLINE_LOG_BYTES:
+            return body
+        try:
+            with attempt.log.open("rb") as log:
+                data = log.read(size)
+        except FileNotFoundError:
+            data = b""
+        body["log"] = base64.b64encode(data).decode("ascii")
+        return body
 
     async def start_attempt(self, spec: AttemptSpec) -> A:
         """The attempt ``spec`` names, started now unless it already exists (a retried POST
@@ -219,7 +241,7 @@ class AgentRoutes(abc.ABC, Generic[A]):
         if wait_s > 0 and not attempt.done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(attempt.done.wait(), wait_s)
-        return respond(attempt.result.to_json())
+        return respond(self.answer(attempt))
 
     async def cancel_attempt(self, request: web.Request) -> web.Response:
         attempt = self._get(request)
@@ -233,7 +255,10 @@ class AgentRoutes(abc.ABC, Generic[A]):
         if not attempt.done.is_set():
             raise Conflict(f"attempt {attempt.spec.attempt_id} is still running")
         del self.attempts[attempt.spec.attempt_id]
-        await asyncio.to_thread(shutil.rmtree, attempt.dir, True)
+        if entries_within([attempt.dir], INLINE_ENTRIES):  # its log, input and result
+            shutil.rmtree(attempt.dir, True)
+        else:  # a job that filled its ``out`` directory: off the event loop
+            await asyncio.to_thread(shutil.rmtree, attempt.dir, True)
         return respond({"attempt_id": attempt.spec.attempt_id, "acknowledged": True})
 
     async def logs(self, request: web.Request) -> web.Response:

@@ -88,6 +88,9 @@ def _setup(cfg: dict[str, Any], *, forked: bool) -> None:
         sys.argv = [cfg.get("entrypoint") or cfg["command"][0]]
     if cfg.get("job_uid") is not None:  # last of what needs root: joined, stdio open
         drop_to(int(cfg["job_uid"]))
+        # All this uid may write (its package, scratch, /tmp) the reset empties: bytecode
+        # written there would serve no later job, so the imports skip writing it.
+        sys.dont_write_bytecode = True
     try:
         refuse_syscalls()
     except OSError as exc:  # a kernel without seccomp filters: say so in the job's log

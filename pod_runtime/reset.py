@@ -9,8 +9,8 @@ then (with NVML) wait briefly for the GPUs' compute processes to go. ``clean`` i
 if every step was confirmed; ``reason`` says what was not. An unclean pod must be deleted by
 the broker, never reused.
 
-Runs on the event loop; the wipe itself runs in a worker thread. One reset at a time (the
-agent holds its attempt lock around it).
+Runs on the event loop; a wipe of more than ``INLINE_ENTRIES`` entries runs in a worker
+thread. One reset at a time (the agent holds its attempt lock around it).
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ from pod_runtime.settings import PodLayout
 
 PRIVATE_TMPFS = (Path("/tmp"), Path("/dev/shm"))
 WIPE_THREADS = 4
+INLINE_ENTRIES = 64
+"""A wipe of at most this many entries (what a small job leaves: its package, a few files)
+runs on the event loop: unlinking them takes well under a millisecond, less than handing the
+work to a worker thread and back, which on a busy machine costs two scheduler wake-ups. A
+larger one, or one the count cannot bound, runs in a worker thread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,35 @@ def empty_dir(path: Path, keep: Path | Collection[Path] | None = None) -> list[s
     return problems
 
 
+def entries_within(paths: Collection[Path], limit: int, keep: Collection[Path] = ()) -> bool:
+    """Whether the trees below ``paths`` hold at most ``limit`` entries in all (``limit + 1``
+    reads at most: a tree of any size is bounded in time). Counts as ``empty_dir`` walks:
+    the directories leading to a kept path are entered, not counted; symlinks are never
+    followed. A directory that cannot be read counts as over the limit (the wipe then runs
+    in a thread and reports it)."""
+    left = limit
+    stack = list(paths)
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    here = Path(entry.path)
+                    if any(k.is_relative_to(here) for k in keep):
+                        if here not in keep:
+                            stack.append(here)
+                        continue
+                    left -= 1
+                    if left < 0:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(here)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
 def _remove_tree(top: str) -> list[str]:
     """Delete a directory tree. Runs only after the job's processes are verified dead, so
     nothing swaps a directory for a symlink meanwhile; symlinks are unlinked, never
@@ -206,20 +240,26 @@ class Resetter:
             raise InvalidRequest("the pod directory itself cannot be wiped", field="wipe")
         return resolved
 
-    def _wipe(self, extra: Sequence[Path]) -> list[str]:
+    def _targets(self, extra: Sequence[Path]) -> tuple[Path, list[Path], list[Path]]:
+        """The pod's resolved root, what a reset empties and what it keeps (the pod
+        directory, and mounts the launcher put inside the private tmpfs: static, so read
+        from /proc once)."""
         root = self.layout.root.resolve()  # below it, each component is checked, not followed
         targets = [*PodLayout(root).wiped(), *extra]
         if self.sandboxed:
             targets += list(PRIVATE_TMPFS)
         if self._keep is None:
-            self._keep = [self.layout.root.resolve()]
-            if self.sandboxed:  # mounts the launcher put inside the private tmpfs (static)
+            self._keep = [root]
+            if self.sandboxed:
                 self._keep += [
                     m
                     for m in mount_points()
                     if m not in PRIVATE_TMPFS and any(m.is_relative_to(t) for t in PRIVATE_TMPFS)
                 ]
-        keep = self._keep
+        return root, targets, self._keep
+
+    def _wipe(self, extra: Sequence[Path]) -> list[str]:
+        root, targets, keep = self._targets(extra)
         problems: list[str] = []
         for target in targets:
             restored = restore_dir(target, root if target.is_relative_to(root) else None)
@@ -227,6 +267,16 @@ class Resetter:
         if self.sandboxed:  # the pod's own IPC namespace: its SysV objects are the jobs'
             problems += sysvipc.remove_all()
         return problems
+
+    async def _wipe_soon(self, extra: Sequence[Path]) -> list[str]:
+        """``_wipe``, on the event loop when the trees hold at most ``INLINE_ENTRIES`` in
+        all (what a small job leaves: no thread hand-off), else in a worker thread. Runs
+        after the job's processes are verified dead: nothing adds entries between the
+        count and the wipe."""
+        _, targets, keep = self._targets(extra)
+        if entries_within(targets, INLINE_ENTRIES, keep):
+            return self._wipe(extra)
+        return await asyncio.to_thread(self._wipe, extra)
 
     async def reset(
         self,
@@ -249,7 +299,7 @@ class Resetter:
                 reasons.append(f"job cgroup(s) still populated: {', '.join(stuck)}")
         if self.sandboxed and self.remove_job_ipc is not None:
             await self.remove_job_ipc()
-        problems = await asyncio.to_thread(self._wipe, extra)
+        problems = await self._wipe_soon(extra)
         if problems:
             shown = "; ".join(safe_text(p) for p in problems[:3])
             reasons.append(f"{len(problems)} path(s) could not be removed: {shown}")

@@ -38,7 +38,7 @@ from pod_runtime.jobenv import GpuEnv, build_job_env
 from pod_runtime.log_cap import cap_log
 from pod_runtime.package import BlobCache
 from pod_runtime.protocol import AttemptResult, AttemptSpec, AttemptState
-from pod_runtime.reset import empty_dir
+from pod_runtime.reset import INLINE_ENTRIES, empty_dir, entries_within
 from pod_runtime.settings import AgentSettings
 
 T = TypeVar("T")
@@ -47,6 +47,11 @@ EXIT_GRACE_S = 2.0
 zygote reports it in milliseconds) before the reporter is deemed broken."""
 TOO_DEEP = f"the job's output nests more than {job_main.MAX_NESTING} levels deep"
 """Also checked here: a job can write its result file itself, past ``job_main``'s checks."""
+INLINE_PACKAGE_BYTES = 16 * 1024
+"""A package zip this small is extracted on the event loop: it holds at most a few hundred
+entries and, by the archive's ratio cap, declares at most 3.2 MB, and the usual handful of
+source files takes well under a millisecond, less than a worker thread's hand-off and back.
+A larger one is extracted in a worker thread."""
 RESULT_SLACK_BYTES = 64 * 1024
 """What the result file may hold beyond the output cap (its envelope, or an error's
 message and traceback); a larger file was not written by ``job_main``."""
@@ -135,7 +140,12 @@ class Runner:
             await finish_in_thread(empty_dir, self.layout.pkg)
         if spec.package is not None:
             zip_path, _ = await self.blobs.get(spec.package, deadline_s=spec.timeout_s)
-            await finish_in_thread(archive.extract, zip_path, self.layout.pkg, self.settings.limits)
+            if zip_path.stat().st_size <= INLINE_PACKAGE_BYTES:
+                archive.extract(zip_path, self.layout.pkg, self.settings.limits)
+            else:
+                await finish_in_thread(
+                    archive.extract, zip_path, self.layout.pkg, self.settings.limits
+                )
         if spec.requirements is not None:
             install = self.deps.ensure(spec.requirements, attempt.log)
             try:
@@ -179,7 +189,10 @@ class Runner:
             jobuser.hand_over(writable, job_uid)
             # The package's files too: a job may update what it shipped (a SQLite file, a
             # config); extracted as root, they would be read-only to it.
-            await finish_in_thread(jobuser.hand_over_tree, self.layout.pkg, job_uid)
+            if entries_within([self.layout.pkg], INLINE_ENTRIES):
+                jobuser.hand_over_tree(self.layout.pkg, job_uid)
+            else:
+                await finish_in_thread(jobuser.hand_over_tree, self.layout.pkg, job_uid)
         env, dropped = build_job_env(
             pod_env=os.environ,
             user_env=spec.env,

@@ -200,6 +200,25 @@ def test_logs_in_base64_are_the_bytes_the_job_wrote(
     assert status == 400 and err["error"]["field"] == "encoding"
 
 
+def test_an_ended_attempts_small_log_rides_in_its_answer(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    """The answer's ``log`` is exactly what ``GET .../logs`` serves from offset 0; a log
+    over ``INLINE_LOG_BYTES`` is left to those reads, and a running attempt has none."""
+    answer = agent.run(spec("inline-1:1", package, "jobs:chatty", 50))
+    served = agent.call("GET", "/attempts/inline-1:1/logs?offset=0&encoding=base64")[1]
+    assert served["done"] and base64.b64decode(answer["log"]) == base64.b64decode(served["data"])
+    assert base64.b64decode(answer["log"]).decode().splitlines()[-1] == "line 49"
+    polled = agent.call("GET", "/attempts/inline-1:1?wait=5")[1]
+    assert polled["log"] == answer["log"]
+    big = agent.run(spec("inline-2:1", package, "jobs:chatty", 10_000))  # ~89 KB of lines
+    assert big["state"] == "succeeded" and "log" not in big
+    agent.call("POST", "/attempts", spec("inline-3:1", package, "jobs:sleep", 0.3))
+    running = agent.call("GET", "/attempts/inline-3:1")[1]
+    assert running["state"] == "running" and "log" not in running
+    assert "log" in agent.call("GET", "/attempts/inline-3:1?wait=10")[1]
+
+
 def test_results_are_kept_until_acknowledged(agent: AgentProcess, package: dict[str, str]) -> None:
     agent.run(spec("ack-1:1", package, "jobs:double", 1))
     assert "ack-1:1" in agent.call("GET", "/healthz")[1]["attempts"]
