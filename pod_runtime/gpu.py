@@ -28,6 +28,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pod_runtime.proctree import read_proc
+
 MiB = 1024 * 1024
 COMPUTE_GONE_WAIT_S = 2.0
 VISIBLE = "visible"
@@ -35,13 +37,8 @@ VISIBLE = "visible"
 
 
 def parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    proc = read_proc(pid)
+    return proc.ppid if proc is not None else None
 
 
 def descends_from(pid: int, ancestors: set[int]) -> bool:

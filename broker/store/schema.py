@@ -147,12 +147,7 @@ def check_store(url: str) -> None:
     refused before the first pod or request (``firepool serve``). Creates the schema in an
     empty database; raises ``SchemaError`` (``ForeignDatabase``), or SQLAlchemy's error for a
     database that does not answer or a file that is not a database."""
-    write, read = make_engines(url, StoreSettings())
-    try:
-        ensure_schema(read, migrate=False)
-    finally:
-        read.dispose()
-        write.dispose()
+    _ensure_at(url, migrate=False)
 
 
 def upgrade_to(engine: Engine, revision: str) -> None:
@@ -174,9 +169,14 @@ def migrate(url: str) -> None:
     Raises ``SchemaError`` for a schema newer than this code, ``ForeignDatabase`` for a
     database that is not Firepool's.
     """
+    _ensure_at(url, migrate=True)
+
+
+def _ensure_at(url: str, migrate: bool) -> None:
+    """``ensure_schema`` on engines of their own for ``url``, disposed after."""
     write, read = make_engines(url, StoreSettings())
     try:
-        ensure_schema(read, migrate=True)
+        ensure_schema(read, migrate=migrate)
     finally:
         read.dispose()
         write.dispose()
