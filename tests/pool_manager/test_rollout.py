@@ -139,8 +139,10 @@ def test_a_lowered_budget_blocks_creates_until_units_are_released() -> None:
 # -- the invariant under random load --------------------------------------------------------
 
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["submit", "pass", "ready", "finish", "gone", "rollout"]),
-              st.integers(0, 1000)),  # fmt: skip
+    st.tuples(
+        st.sampled_from(["submit", "pass", "ready", "finish", "gone", "rollout"]),
+        st.integers(0, 1000),
+    ),
     min_size=40,  # a rollout needs pods made, busy and idle first
     max_size=160,
 )
@@ -173,8 +175,9 @@ class _Shell:
             self.queue = deque(r for r in self.queue if r.job_id not in placed)
             for action in t.reconcile(waiting, self.now):
                 if isinstance(action, CreatePod):
-                    pod = PodInfo(name=f"p{next(self.names)}", sku=action.sku,
-                                  created=self.now, template=t.catalog.pools["cpu"].template)  # fmt: skip
+                    template = t.catalog.pools["cpu"].template
+                    name = f"p{next(self.names)}"
+                    pod = PodInfo(name=name, sku=action.sku, created=self.now, template=template)
                     t.add_pod(pod, self.now)
         elif op == "ready":
             starting = [p.name for p in t.pods() if p.state is PodState.STARTING]
@@ -208,7 +211,12 @@ class _Shell:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=_OPS, budget=st.integers(1, 3), ceiling=st.integers(2, 6), hold=st.sampled_from([0.0, 5.0]))  # fmt: skip
+@given(
+    ops=_OPS,
+    budget=st.integers(1, 3),
+    ceiling=st.integers(2, 6),
+    hold=st.sampled_from([0.0, 5.0]),
+)
 def test_a_rollout_under_load_keeps_the_budget_and_the_ceiling_and_ends_every_job(
     ops: list[tuple[str, int]], budget: int, ceiling: int, hold: float
 ) -> None:
@@ -229,9 +237,9 @@ def test_a_rollout_under_load_keeps_the_budget_and_the_ceiling_and_ends_every_jo
             shell.step(op, 0)
             retiring = shell.check(budget, ceiling, retiring)
         current = shell.t.catalog.pools["cpu"].template
-        if not shell.queue and not shell.running:
-            if all(p.template == current for p in shell.t.pods()):
-                break
+        done = not shell.queue and not shell.running
+        if done and all(p.template == current for p in shell.t.pods()):
+            break
     assert (shell.finished, len(shell.queue)) == (shell.submitted, 0)
     current = shell.t.catalog.pools["cpu"].template
     assert all(p.template == current for p in shell.t.pods())
