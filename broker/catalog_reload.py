@@ -12,7 +12,8 @@ deleted. A changed pool ``template`` is a rollout: the pool's pods become stale 
 within its ``drain_budget`` (``pool_manager.scaler``).
 
 The watch reads the file every ``catalog_poll_s`` seconds and reloads when its bytes
-change (comparing content, not mtime: a ConfigMap update swaps a symlink, and a rewrite in
+change, and retries a catalog refused for what runs now (a removed pool's jobs) until it
+applies (comparing content, not mtime: a ConfigMap update swaps a symlink, and a rewrite in
 the same second keeps the mtime). Concurrency: runs on the broker's event loop; one reload
 at a time (``_lock``); the file is read and parsed in a worker thread.
 """
@@ -54,6 +55,8 @@ class CatalogReloader:
         self._seen = _digest(path)
         """The content last loaded or refused: the watch reloads only when it changes."""
         self._task: asyncio.Task[None] | None = None
+        self._waiting = False
+        """The file's content was refused for what runs now: the watch retries it."""
         self.reloads = 0
         """Reloads applied since start."""
         self.refused = 0
@@ -73,20 +76,37 @@ class CatalogReloader:
         while True:
             await asyncio.sleep(self.poll_s)
             digest = await asyncio.to_thread(_digest, self.path)
-            if digest is not None and digest != self._seen:
+            if digest is None:
+                continue
+            if digest != self._seen:
                 await self.reload("the catalog file changed")
+            elif self._waiting:
+                await self.reload("the catalog file changed", again=True)
 
     async def reload_quietly(self, why: str) -> None:
         """``reload`` for a background task (SIGHUP): its outcome is in the log."""
         await self.reload(why)
 
-    async def reload(self, why: str) -> bool:
-        """Load the file and switch to it; ``False`` (logged, nothing changed) if refused."""
+    async def reload(self, why: str, again: bool = False) -> bool:
+        """Load the file and switch to it; ``False`` (logged, nothing changed) if refused.
+        A catalog refused for what is running now (``CatalogChangeRefused``: a removed pool
+        still has jobs) is retried by the watch every poll until it applies, as the file is
+        what the operator wants; ``again``: such a retry, whose refusal is not logged anew.
+        An invalid file is not retried until it changes."""
         async with self._lock:
             self._seen = await asyncio.to_thread(_digest, self.path)
+            self._waiting = False
             try:
                 catalog = await asyncio.to_thread(Catalog.load, self.path)
                 await self._apply(catalog)
+            except CatalogChangeRefused as exc:
+                self._waiting = True
+                if not again:
+                    self.refused += 1
+                    log.error("catalog reload (%s) refused; the old catalog serves on, and "
+                              "the file is tried again every %g s: %s",
+                              why, self.poll_s, exc.message)  # fmt: skip
+                return False
             except FirepoolError as exc:
                 self.refused += 1
                 log.error("catalog reload (%s) refused; the old catalog serves on: %s",
