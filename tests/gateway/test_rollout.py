@@ -6,20 +6,17 @@ the old one serves on; SIGHUP reloads."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gateway.auth import Role
 from gateway.harness import kill_pods, start_broker
-from pool_manager.model import PodInfo
-from pool_manager.tracker import Tracker
 from tests.conftest import BEHAVIOURS, deploy_examples
 from tests.helpers import ThreadedBroker, threaded_broker
+from tests.rollout_load import Census, Load, wait
 
 
 def _catalog(template: str, extra: str = "") -> str:
@@ -30,80 +27,6 @@ def _catalog(template: str, extra: str = "") -> str:
         f"        idle_timeout_s: 600, caller_hold_s: 600, template: {template}}}\n"
         f"{extra}"
     )
-
-
-class Census:
-    """Every pod the tracker adds, and every transition it logs, in one order: replayed,
-    the pods of the pool and the retiring ones at every moment (not a sample)."""
-
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
-        add = tracker.add_pod
-
-        def add_pod(pod: PodInfo, now: float, *, reserved: bool = True) -> bool:
-            # recorded first: a pod is counted from before it exists (never missed)
-            tracker.log.record(now, pod.name, "-", "STARTING", "added")
-            return add(pod, now, reserved=reserved)
-
-        tracker.add_pod = add_pod  # type: ignore[method-assign]
-
-    def peaks(self) -> tuple[int, dict[str, str]]:
-        """``(most pods at once, the most retiring at once: pod -> why)``."""
-        live: set[str] = set()
-        retiring: dict[str, str] = {}
-        most, most_retiring = 0, {}
-        for _, name, _, new, why in list(self.tracker.log):
-            if new == "STARTING" or new == "IDLE":
-                live.add(name)
-            if new == "RETIRING":
-                retiring[name] = why
-            if new == "DELETED":
-                live.discard(name)
-                retiring.pop(name, None)
-            most = max(most, len(live))
-            if len(retiring) > len(most_retiring):
-                most_retiring = dict(retiring)
-        return most, most_retiring
-
-
-class Load:
-    """``callers`` threads invoking ``noop`` back to back (no think time), each with its own
-    lease tag, until ``stop``; every job's final state is kept."""
-
-    def __init__(self, server: ThreadedBroker, callers: int) -> None:
-        self.states: list[str] = []
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._loop, args=(server, f"caller-{i}"), daemon=True)
-            for i in range(callers)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _loop(self, server: ThreadedBroker, caller: str) -> None:
-        try:
-            with server.client(caller) as fp:
-                step = 0
-                while not self._stop.is_set():
-                    job: dict[str, Any] = fp.invoke("noop", step, lease_tag=caller)
-                    self.states.append(job["state"])
-                    step += 1
-        except BaseException as exc:  # reported by stop()
-            self.errors.append(exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
-        assert not self.errors, self.errors
-
-
-def _wait(what: str, done: Any, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -125,17 +48,17 @@ def test_a_template_change_under_load_drains_within_the_budget_and_ceiling(
     # hold (a retirement that is not the rollout's: the budget bounds the rollout's own).
     load = Load(broker, callers=4)
     try:
-        _wait("jobs before the change", lambda: len(load.states) >= 30)
+        wait("jobs before the change", lambda: len(load.states) >= 30)
         old = {p.name for p in b.tracker.pods()}
         path.write_text(_catalog("v2"))  # what a ConfigMap update does to the mounted file
-        _wait("the reload", lambda: b.catalog.pools["cpu"].template == "v2", 10)
+        wait("the reload", lambda: b.catalog.pools["cpu"].template == "v2", 10)
         at_change = len(load.states)
-        _wait(
+        wait(
             "every old pod gone",
             lambda: not old & {p.name for p in b.tracker.pods()},
             180,
         )
-        _wait("jobs on new pods", lambda: len(load.states) >= at_change + 30)
+        wait("jobs on new pods", lambda: len(load.states) >= at_change + 30)
     finally:
         load.stop()
     pods = b.tracker.pods()
@@ -155,7 +78,7 @@ def test_an_invalid_catalog_is_refused_and_the_old_one_serves_on(
     assert path is not None and b.catalog_reloader is not None
     before = b.catalog
     path.write_text(_catalog("v1").replace("max_count: 4", "max_count: 4, colour: red"))
-    _wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
+    wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
     assert b.catalog is before
     assert any(
         "catalog reload (the catalog file changed) refused" in r.getMessage()
@@ -176,20 +99,20 @@ def test_removing_a_pool_with_a_running_job_waits_for_the_job(
     assert path is not None and b.catalog_reloader is not None
     spare = "  spare: {min_count: 1, max_count: 2, idle_timeout_s: 600}\n"
     path.write_text(_catalog("v1", spare))
-    _wait("spare's pool", lambda: "spare" in b.catalog.pools, 10)
+    wait("spare's pool", lambda: "spare" in b.catalog.pools, 10)
     with broker.client("deployer", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="sleepy", sku="spare", entrypoint="behaviours:sleep")
     with broker.client("alice") as fp:
         job_id = fp.submit("sleepy", 3)
-        _wait("the job running", lambda: fp.job(job_id)["state"] == "RUNNING", 60)
+        wait("the job running", lambda: fp.job(job_id)["state"] == "RUNNING", 60)
         path.write_text(_catalog("v1"))
-        _wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
+        wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
         assert "spare" in b.catalog.pools
         refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
         assert len(refusals) == 1 and "pool 'spare' is removed but 1 of its pods" in refusals[0]
-        _wait("spare's removal", lambda: "spare" not in b.catalog.pools, 60)
+        wait("spare's removal", lambda: "spare" not in b.catalog.pools, 60)
         assert fp.job(job_id)["state"] == "SUCCEEDED"
-    _wait("spare's pods gone", lambda: not [p for p in b.tracker.pods() if p.sku == "spare"], 60)
+    wait("spare's pods gone", lambda: not [p for p in b.tracker.pods() if p.sku == "spare"], 60)
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
 
 
@@ -201,7 +124,7 @@ def test_sighup_reloads_the_catalog(tmp_path: Path) -> None:
         time.sleep(0.3)
         assert "catalog reloaded" not in server.log()  # no watch: only the signal reloads
         server.proc.send_signal(signal.SIGHUP)
-        _wait("the reload", lambda: "catalog reloaded (SIGHUP): pools cpu" in server.log(), 20)
+        wait("the reload", lambda: "catalog reloaded (SIGHUP): pools cpu" in server.log(), 20)
         with server.client("admin", Role.ADMIN) as fp:
             pools = fp.pools()
         assert pools["pools"]["cpu"]["ceiling"] == 3
