@@ -128,8 +128,8 @@ class CatalogReloader:
                 if job.sku in removed:
                     waiting[job.sku] = waiting.get(job.sku, 0) + 1
             problems.extend(
-                f"pool {sku!r} is removed but {n} of its jobs are queued: keep it in the "
-                f"catalog until they run (max_count: 0 stops new pods once they have)"
+                f"pool {sku!r} is removed but {n} of its jobs are queued: it is removed "
+                f"once they have run"
                 for sku, n in sorted(waiting.items())
             )
         if problems:

@@ -484,12 +484,12 @@ class Tracker:
                     problems.add(
                         f"pool {pod.sku!r} changes its accelerator or units_per_pod while it "
                         f"has pods (their budget units were reserved under the old values): "
-                        f"remove the pool's pods first (max_count: 0), then change it"
+                        f"give the changed pool a new name, or restart the broker"
                     )
             for sku, n in sorted(leased.items()):
                 problems.add(
-                    f"pool {sku!r} is removed but {n} of its pods run jobs: keep it in the "
-                    f"catalog until they end (max_count: 0, min_count: 0 drains it)"
+                    f"pool {sku!r} is removed but {n} of its pods run jobs: it is removed "
+                    f"once they have ended"
                 )
             if problems:
                 raise CatalogChangeRefused("; ".join(sorted(problems)))

@@ -109,7 +109,10 @@ def test_removing_a_pool_with_a_running_job_waits_for_the_job(
         wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
         assert "spare" in b.catalog.pools
         refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-        assert len(refusals) == 1 and "pool 'spare' is removed but 1 of its pods" in refusals[0]
+        assert (
+            len(refusals) == 1
+            and "pool 'spare' is removed but 1 of its pods run jobs" in refusals[0]
+        )
         wait("spare's removal", lambda: "spare" not in b.catalog.pools, 60)
         assert fp.job(job_id)["state"] == "SUCCEEDED"
     wait("spare's pods gone", lambda: not [p for p in b.tracker.pods() if p.sku == "spare"], 60)
