@@ -89,32 +89,32 @@ def test_an_invalid_catalog_is_refused_and_the_old_one_serves_on(
         assert fp.invoke("noop", 1)["state"] == "SUCCEEDED"
 
 
-def test_removing_a_pool_with_a_running_job_waits_for_the_job(
+def test_removing_a_pool_with_jobs_waits_for_them(
     broker: ThreadedBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A catalog without ``spare`` while a job runs on ``spare`` is refused (logged once),
-    and applied by the watch once the job has ended: its pool's pods are then deleted."""
+    """A catalog without ``spare`` while a job runs on ``spare`` and another waits for it
+    is refused (logged once), and applied by the watch once both have ended (no job of the
+    pool fails for the reload): its pool's pods are then deleted."""
     b = broker.broker
     path = b.settings.catalog_path
     assert path is not None and b.catalog_reloader is not None
-    spare = "  spare: {min_count: 1, max_count: 2, idle_timeout_s: 600}\n"
+    spare = "  spare: {min_count: 1, max_count: 1, idle_timeout_s: 600}\n"
     path.write_text(_catalog("v1", spare))
     wait("spare's pool", lambda: "spare" in b.catalog.pools, 10)
     with broker.client("deployer", Role.DEPLOY) as fp:
         fp.deploy(BEHAVIOURS, name="sleepy", sku="spare", entrypoint="behaviours:sleep")
     with broker.client("alice") as fp:
-        job_id = fp.submit("sleepy", 3)
-        wait("the job running", lambda: fp.job(job_id)["state"] == "RUNNING", 60)
+        running, queued = fp.submit("sleepy", 2), fp.submit("sleepy", 1)
+        wait("a job running", lambda: fp.job(running)["state"] == "RUNNING", 60)
+        assert fp.job(queued)["state"] == "QUEUED"  # the pool's one pod is busy
         path.write_text(_catalog("v1"))
         wait("the refusal", lambda: b.catalog_reloader is not None and b.catalog_reloader.refused)
         assert "spare" in b.catalog.pools
         refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-        assert (
-            len(refusals) == 1
-            and "pool 'spare' is removed but 1 of its pods run jobs" in refusals[0]
-        )
+        assert len(refusals) == 1
+        assert "pool 'spare' is removed but 1 of its jobs are queued" in refusals[0]
         wait("spare's removal", lambda: "spare" not in b.catalog.pools, 60)
-        assert fp.job(job_id)["state"] == "SUCCEEDED"
+        assert [fp.job(j)["state"] for j in (running, queued)] == ["SUCCEEDED", "SUCCEEDED"]
     wait("spare's pods gone", lambda: not [p for p in b.tracker.pods() if p.sku == "spare"], 60)
     assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
 
