@@ -65,6 +65,10 @@ class FunctionRegistry:
         self._changes: Counter[str] = Counter()
         """Registers and deletes begun per function name (``_cache_latest``)."""
 
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Validate registrations against ``catalog`` from now on (a catalog reload)."""
+        self._catalog = catalog
+
     async def version(self, name: str, version: int) -> FunctionSpec | None:
         key = (name, version)
         spec = self._versions.get(key)

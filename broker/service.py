@@ -24,6 +24,8 @@ from typing import Any, BinaryIO
 
 from broker import PROCESS_STARTED
 from broker.agent_client import AgentClient
+from broker.background import BackgroundTasks
+from broker.catalog_reload import CatalogReloader
 from broker.dashboard_views import (
     CapacityHistory,
     DashboardViews,
@@ -142,7 +144,8 @@ class Broker:
                 ),
             ),
         )
-        if backend is None and settings.backend == "local":
+        self._local_pods = backend is None and settings.backend == "local"
+        if self._local_pods:
             check_socket_room(home / "pods", self.catalog)
         self.tracker = Tracker(self.catalog)
         self.ledger = self.tracker.ledger
@@ -164,6 +167,7 @@ class Broker:
         self.refusal = "the broker is shutting down"
         """Why new jobs are refused once ``accepting`` is False (the API's 503 says it)."""
         self.counters: Counter[str] = Counter()
+        self._reloads = BackgroundTasks()
         self.telemetry: Telemetry = make_telemetry(settings.metrics)
         """This broker's metrics, in its own registry: events (when ``FIREPOOL_METRICS`` is
         on) and, always, the state gauges computed at scrape time."""
@@ -172,6 +176,12 @@ class Broker:
         """The units each accelerator held over the last hour (the dashboard's plot)."""
         self._views: DashboardViews | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self.catalog_reloader: CatalogReloader | None = (
+            CatalogReloader(self, settings.catalog_path, settings.catalog_poll_s)
+            if settings.catalog_path
+            else None
+        )
+        """Reloads the catalog file on SIGHUP (``request_reload``) and when it changes."""
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -281,6 +291,8 @@ class Broker:
         self._sweeps.start()
         self._views = DashboardViews(self.store, self.tracker.pods, self.capacity, self.clock)
         self._sampler = start_sampler(self.capacity)
+        if self.catalog_reloader is not None:
+            self.catalog_reloader.start()
         self.ready = True
         log.info(
             "dispatching %.3f s after process start (imports %.3f s, store %.3f s, "
@@ -312,6 +324,31 @@ class Broker:
         self.accepting = self.ready = False
         self.dispatcher.halt()
 
+    def request_reload(self) -> None:
+        """SIGHUP: reload the catalog file in the background (on the event loop)."""
+        if self.catalog_reloader is None or self._dispatcher is None:
+            log.warning("SIGHUP: no catalog file to reload (FIREPOOL_CATALOG is unset) "
+                        "or the broker is not started")  # fmt: skip
+            return
+        self._reloads.spawn(self.catalog_reloader.reload_quietly("SIGHUP"))
+
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Serve ``catalog`` from now on (``CatalogReloader``), or raise
+        ``CatalogChangeRefused``/``InvalidRequest`` with nothing changed. The tracker switches
+        first (it refuses what would strand a running job); the pod manager, the function
+        registry and admission read the new specs from then on. Pods of a removed pool are
+        deleted; a changed template rolls out within each pool's drain budget. Runs on the
+        event loop, so no pod is created in between under the old specs."""
+        if self._local_pods:
+            check_socket_room(self.settings.home / "pods", catalog)
+        deletes = self.tracker.swap_catalog(catalog, self.clock())
+        self.catalog = catalog
+        self.pods.catalog = catalog
+        self.functions.use_catalog(catalog)
+        for action in deletes:
+            self.pods.apply(action)
+        self._wake()
+
     def _wake(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.replan()
@@ -323,6 +360,8 @@ class Broker:
     async def stop(self) -> None:
         self.accepting = False
         self.ready = False
+        if self.catalog_reloader is not None:
+            await self.catalog_reloader.stop()
         if self._dispatcher is not None:
             await self.dispatcher.stop(self.settings.drain_s)
         if self._loop_task is not None:

@@ -321,6 +321,9 @@ class Settings:
     """SQLAlchemy URL of the job store (FIREPOOL_STORE_URL); default: SQLite in ``home``."""
     catalog_path: Path | None = None
     """YAML pool catalog (FIREPOOL_CATALOG); default: one CPU pool."""
+    catalog_poll_s: Seconds = 5.0
+    """How often the catalog file is read for a change, reloaded without a restart when its
+    content changed (a mounted ConfigMap's update); 0: only on SIGHUP."""
     public_url: Annotated[str | None, _http_url] = None
     """Base URL pods use to reach the gateway (signed package URLs); default http://host:port."""
     token_ttl_s: Count = 30 * 86400

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import textwrap
@@ -128,6 +129,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             with contextlib.suppress(RuntimeError):  # no loop running yet: nothing to stop
                 asyncio.get_running_loop().call_soon_threadsafe(broker.stop_intake)
             super().handle_exit(sig, frame)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            """Once the broker has started: SIGHUP reloads its catalog file."""
+            await super().startup(sockets)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, broker.request_reload)
 
     config = uvicorn.Config(
         app,

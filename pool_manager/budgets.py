@@ -101,6 +101,12 @@ class BudgetLedger:
                 return None
             return max(0, budget - self._used.get(accelerator, 0))
 
+    def set_budgets(self, budgets: Mapping[str, int]) -> None:
+        """New budgets (a catalog reload). Reservations stay: units held past a lowered
+        budget block creates until enough are released, as ``force`` does."""
+        with self._lock:
+            self._budgets = dict(budgets)
+
     def clear(self) -> None:
         """Forget every reservation (the tracker re-reserves all groups on restore); what was
         held until now stays in ``held_unit_seconds``."""

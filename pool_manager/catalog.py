@@ -169,6 +169,11 @@ class PoolSpec:
     """Owner hold after release; ``None`` inherits ``idle_timeout_s``."""
     step: int = 4
     """Most pods created per scaler pass."""
+    drain_budget: int = 1
+    """Template rollout: the most groups of this pool retiring at once (deletes in flight,
+    whatever their reason) for which another pod of an old template is retired. An
+    old-template pod past the budget stays in service (held for its owner, or idle) until a
+    retirement completes (docs/control_plane.md, "Template rollout")."""
     tag_mode: TagMode = "retire"
     """How a caller's lease tag (its session) bounds reuse:
 
@@ -233,7 +238,8 @@ class PoolSpec:
                     field="preload",
                 )
         least = {"units_per_pod": 1, "min_count": 0, "max_idle_count": 0, "max_count": 0,
-                 "step": 1, "standbys_per_active": 0, "tmpfs_mb": 1}  # fmt: skip
+                 "step": 1, "standbys_per_active": 0, "tmpfs_mb": 1,
+                 "drain_budget": 1}  # fmt: skip
         for name, low in least.items():
             _check_int(self.sku, name, getattr(self, name), low)
         for name in ("memory_limit_mb", "pids_limit"):

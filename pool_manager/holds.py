@@ -16,6 +16,8 @@ Functions over the ``PodIndex``; those ending in ``_locked`` assume the tracker'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pool_manager.model import DeletePod, PodInfo
 from pool_manager.pod_index import PodIndex
 
@@ -29,10 +31,16 @@ def settle_idle_locked(pod: PodInfo, hold_s: float, now: float) -> None:
         pod.hold_until = pod.released_at + hold_s
 
 
-def expire_locked(index: PodIndex, now: float) -> list[DeletePod]:
-    """Retire every idle pod whose owner hold ended by ``now`` (parked ones included)."""
+def expire_locked(
+    index: PodIndex, now: float, keep: Callable[[PodInfo], bool] | None = None
+) -> list[DeletePod]:
+    """Retire every idle pod whose owner hold ended by ``now`` (parked ones included),
+    except those ``keep`` says stay (a rollout's old-template pods past the drain budget:
+    the scaler retires them later, within it)."""
     out: list[DeletePod] = []
     for pod in index.expired_holds_locked(now):
+        if keep is not None and keep(pod):
+            continue
         if index.retire_locked(pod, "hold_expired", now):
             out.append(DeletePod(pod.name, "hold_expired"))
     return out

@@ -22,8 +22,12 @@ twice and never waits a pass to replace a retiring pod. Creates in flight are ``
 
 Hold breaking: when queued pods are blocked by the ceiling (``demandDeficit`` beyond
 ``ceiling - physical``), retire that many owner-held pods older than the minimum tenure,
-oldest hold first, sparing owners with queued jobs. Idle old-template pods retire (up to
-``step`` per pass); standby slots are staged on groups that have an active pod.
+oldest hold first, sparing owners with queued jobs. Idle old-template pods retire (a
+template rollout), up to ``step`` per pass and only while the pool's retiring groups,
+counting this pass's other deletes, stay under its ``drain_budget``; standby slots are
+staged on groups that have an active pod. Old-template groups are ``stale``, part of
+``physical``, so new-template pods replace them only as they go: a rollout never takes a
+pool past its ceiling.
 
 Each active ``CreatePod`` is reserved in the ledger before it is returned; when the ledger
 refuses, the pass stops creating for that accelerator. Pure apart from the ledger.
@@ -257,9 +261,14 @@ def plan(
             for group in expired[remove : remove + reclaim]:
                 actions.extend(DeletePod(name, "budget_reclaim") for name in group.pods)
         if view.stale_idle:
-            actions.extend(
-                DeletePod(name, "stale_template") for name in view.stale_idle[: spec.step]
-            )
+            # Template rollout: old-template idle pods retire only while the pool's groups
+            # retiring (in flight, plus the ones this pass just removed) stay under its
+            # drain budget; the rest serve on until a retirement completes.
+            drain = min(spec.step, spec.drain_budget - view.retiring - remove - reclaim)
+            if drain > 0:
+                actions.extend(
+                    DeletePod(name, "stale_template") for name in view.stale_idle[:drain]
+                )
         blocked = t[_BLOCKED]
         if blocked and view.held_pods:
             # Spared: owners with queued jobs this pod could serve (``owners``: reusable jobs

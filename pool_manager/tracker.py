@@ -39,6 +39,7 @@ from typing import Any
 from pool_manager.budgets import BudgetLedger
 from pool_manager.caller_usage import CallerUsage
 from pool_manager.catalog import Catalog, PoolSpec
+from pool_manager.catalog_change import CatalogChangeRefused
 from pool_manager.claim_policy import Sessions, claim_cold_locked, claim_many_locked
 from pool_manager.claim_queue import Demand
 from pool_manager.gpu_gate import join_group_locked, leave_group_locked, may_stage_standby_locked
@@ -60,6 +61,7 @@ from pool_manager.snapshot import PoolSnapshot, build_snapshot, row_of
 from pool_manager.states import IllegalTransition, PodState
 
 _IDLE, _ASSIGNED, _DELETED = PodState.IDLE, PodState.ASSIGNED, PodState.DELETED
+_RETIRING = PodState.RETIRING
 _pod_fields = attrgetter(*(f.name for f in fields(PodInfo)))
 _name = attrgetter("name")
 _new_lease = _new_release = tuple.__new__  # NamedTuple construction without the Python shim
@@ -116,6 +118,9 @@ class Tracker:
         self._restored_holds: frozenset[str] = frozenset()
         """The pods ``restore`` found with an owner."""
         self._specs: dict[str, PoolSpec] = dict(catalog.pools)
+        self._departed: dict[str, PoolSpec] = {}
+        """Pools a catalog swap removed, by name: what ``pod_gone`` releases their last
+        (retiring) pods by. Never planned for, never claimed."""
         self._release_terms = {
             sku: (spec, spec.hold_s, spec.tag_mode == "switch") for sku, spec in self._specs.items()
         }
@@ -197,8 +202,8 @@ class Tracker:
             job_id = pod.job_id
             if job_id is not None and self._limited and job_id in self._leases:
                 req = self._leases[job_id][0]
-                self._usage.add_locked(req.caller, -1, -gpus_per_pod(self._specs[req.sku]))
-            leave_group_locked(self._index, self.ledger, self._specs[pod.sku], pod)
+                self._usage.add_locked(req.caller, -1, -gpus_per_pod(self._spec_locked(req.sku)))
+            leave_group_locked(self._index, self.ledger, self._spec_locked(pod.sku), pod)
             return job_id
 
     # -- claim -----------------------------------------------------------------------------
@@ -357,7 +362,9 @@ class Tracker:
         if pod.single_use:
             return "single_use"
         if pod.template != spec.template:
-            return "stale_template"
+            # A rollout: past the drain budget the pod is held like a current one (and
+            # serves on) until the scaler retires it within the budget.
+            return "stale_template" if self._may_drain_locked(spec) else None
         if hold <= 0:
             return "no_owner_hold"
         return None
@@ -412,8 +419,113 @@ class Tracker:
 
     def _expire_locked(self, now: float) -> list[DeletePod]:
         out, self._switched = self._switched, []
-        out.extend(expire_locked(self._index, now))
+        out.extend(expire_locked(self._index, now, self._keep_stale_locked))
         return out
+
+    # -- template rollout and catalog swaps ------------------------------------------------
+    def _spec_locked(self, sku: str) -> PoolSpec:
+        """The spec of ``sku``, or of the pool by that name a catalog swap removed."""
+        spec = self._specs.get(sku)
+        return spec if spec is not None else self._departed[sku]
+
+    def _draining_locked(self, sku: str) -> int:
+        """Groups of pool ``sku`` retiring now (a delete in flight; one GPU's pods count
+        once). Walks every pod: called only for old-template pods, during a rollout."""
+        groups = {
+            pod.gpu or "/" + pod.name
+            for pod in self._index.pods.values()
+            if pod.state is _RETIRING and pod.sku == sku
+        }
+        return len(groups)
+
+    def _may_drain_locked(self, spec: PoolSpec) -> bool:
+        """Whether one more old-template group of ``spec``'s pool may retire now: its
+        retiring groups are under its ``drain_budget``."""
+        return self._draining_locked(spec.sku) < spec.drain_budget
+
+    def _keep_stale_locked(self, pod: PodInfo) -> bool:
+        """An expired hold that does not retire: an old-template pod whose pool is at its
+        drain budget (the scaler's ``stale_template`` deletes take it later)."""
+        spec = self._specs.get(pod.sku)
+        if spec is None or pod.template == spec.template:
+            return False
+        return not self._may_drain_locked(spec)
+
+    def swap_catalog(self, catalog: Catalog, now: float) -> list[DeletePod]:
+        """Serve ``catalog`` from now on (a reload), or refuse it whole with
+        ``CatalogChangeRefused`` (nothing changes) when it would strand live state:
+
+        * it removes a pool that has a pod leased to a job (a running job would lose the
+          spec its release reads); a pool whose pods are all unleased is removed, its pods
+          retired (``pool_removed``, the returned deletes, for the shell);
+        * it changes a pool's ``accelerator`` or ``units_per_pod`` while that pool has pods
+          (their budget units were reserved under the old values).
+
+        Everything else applies at once: a changed ``template`` makes the pool's pods stale
+        (they retire within its ``drain_budget``: ``release``, ``expire`` and the scaler),
+        budgets and per-caller limits apply to the next claim and create (usage is
+        recounted from the live leases), and pool knobs to the next pass. Serialised with
+        ``reconcile`` (a pass plans on one catalog)."""
+        with self._reconcile_lock, self._lock:
+            index = self._index
+            new_pools = catalog.pools
+            problems: set[str] = set()
+            leased: dict[str, int] = {}
+            for pod in index.pods.values():
+                if pod.state is _DELETED:
+                    continue
+                old, new = self._specs.get(pod.sku), new_pools.get(pod.sku)
+                if old is None:
+                    continue  # a departed pool's retiring pod
+                if new is None:
+                    if pod.job_id is not None:
+                        leased[pod.sku] = leased.get(pod.sku, 0) + 1
+                elif (new.accelerator, new.units_per_pod) != (old.accelerator, old.units_per_pod):
+                    problems.add(
+                        f"pool {pod.sku!r} changes its accelerator or units_per_pod while it "
+                        f"has pods (their budget units were reserved under the old values): "
+                        f"give the changed pool a new name, or restart the broker"
+                    )
+            for sku, n in sorted(leased.items()):
+                problems.add(
+                    f"pool {sku!r} is removed but {n} of its pods run jobs: it is removed "
+                    f"once they have ended"
+                )
+            if problems:
+                raise CatalogChangeRefused("; ".join(sorted(problems)))
+            for sku, spec in self._specs.items():
+                if sku not in new_pools:
+                    self._departed[sku] = spec
+            for sku in new_pools:
+                self._departed.pop(sku, None)
+            self.catalog = catalog
+            self._specs = dict(new_pools)
+            self._release_terms = {
+                sku: (spec, spec.hold_s, spec.tag_mode == "switch")
+                for sku, spec in self._specs.items()
+            }
+            self._limited = catalog.has_limits
+            self._usage = CallerUsage(catalog)
+            if self._limited:
+                for job_id, (req, pods, _) in self._leases.items():
+                    live = sum(1 for p in pods if p.job_id == job_id and p.state is not _DELETED)
+                    per = gpus_per_pod(self._spec_locked(req.sku))
+                    self._usage.add_locked(req.caller, live, per * live)
+            self.ledger.set_budgets(catalog.budgets)
+            out: list[DeletePod] = []
+            for pod in list(index.pods.values()):
+                if pod.sku in self._departed and index.retire_locked(pod, "pool_removed", now):
+                    out.append(DeletePod(pod.name, "pool_removed"))
+            return out
+
+    def _rows_locked(self) -> tuple[list[tuple[Any, ...]], dict[str, PoolSpec]]:
+        """Every pod's ``row_of`` tuple and the specs to classify them by (one catalog):
+        a departed pool's pods are left out, as no pass plans for them."""
+        specs = self._specs
+        pods = self._index.pods.values()
+        if self._departed:
+            return [row_of(p) for p in pods if p.sku in specs], specs
+        return list(map(row_of, pods)), specs
 
     def retire(self, name: str, reason: str, now: float) -> bool:
         """Mark an unleased pod RETIRING before the shell deletes it, so it is never claimed
@@ -435,8 +547,8 @@ class Tracker:
         with self._reconcile_lock:
             with self._lock:
                 actions: list[Action] = list(self._expire_locked(now))
-                rows = list(map(row_of, self._index.pods.values()))
-            planned = plan(build_snapshot(rows, self._specs, now), demand, now, self.ledger)
+                rows, specs = self._rows_locked()
+            planned = plan(build_snapshot(rows, specs, now), demand, now, self.ledger)
             if now < self._holds_kept_until:
                 kept = self._restored_holds
                 planned = [a for a in planned if not _breaks_one_of(a, kept)]
@@ -461,8 +573,8 @@ class Tracker:
         claim can fill ``take_retired``'s list, but only a queued job claims.)"""
         with self._lock:
             holds = self._index.hold_ends_locked()
-            rows = list(map(row_of, self._index.pods.values()))
-        soonest = next_keepalive_expiry(build_snapshot(rows, self._specs, now), now)
+            rows, specs = self._rows_locked()
+        soonest = next_keepalive_expiry(build_snapshot(rows, specs, now), now)
         for until in holds:
             if until is not None and now < until < soonest:  # expired iff ``until <= now``
                 soonest = until
@@ -548,5 +660,5 @@ class Tracker:
         """Group counts per pool for the scaler: rows copied under the lock, classified
         after it is released."""
         with self._lock:
-            rows = list(map(row_of, self._index.pods.values()))
-        return build_snapshot(rows, self._specs, now)
+            rows, specs = self._rows_locked()
+        return build_snapshot(rows, specs, now)

@@ -35,6 +35,7 @@ SAMPLES = {
     "port": ("9001", 9001),
     "store_url": ("sqlite:////srv/fp/jobs.db", "sqlite:////srv/fp/jobs.db"),
     "catalog_path": ("/srv/catalog.yaml", Path("/srv/catalog.yaml")),
+    "catalog_poll_s": ("0", 0.0),
     "public_url": ("https://gw.example:8443/fp", "https://gw.example:8443/fp"),
     "token_ttl_s": ("3600", 3600),
     "token_cache_size": ("16", 16),
