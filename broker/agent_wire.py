@@ -67,6 +67,9 @@ class AgentWire:
         fixed = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._head = f"Host: {host}\r\n{fixed}".encode("latin-1")
         self._idle: list[_Conn] = []
+        self._closed = False
+        """Set by ``close``: a request still in flight then closes its connection after the
+        answer instead of keeping it (nothing would ever close a kept one)."""
 
     async def _open(self) -> _Conn:
         if self._path is not None:
@@ -112,7 +115,7 @@ class AgentWire:
                     raise _Closed()
                 raise WireError("the agent closed the connection without answering")
             status, keep, answer = await _read_answer(conn.reader, status_line)
-            if keep and len(self._idle) < MAX_IDLE:
+            if keep and not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
                 kept = True
             return status, answer
@@ -123,6 +126,7 @@ class AgentWire:
                 conn.close()
 
     def close(self) -> None:
+        self._closed = True
         for conn in self._idle:
             conn.close()
         self._idle.clear()

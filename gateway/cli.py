@@ -113,10 +113,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     broker = Broker(settings)
     with _store_answers(settings.resolved_store_url):  # a MySQL lock connects
         broker.locks.acquire()  # a second broker on this home or store: one error line, exit 2
+        _check_bindable(settings.host, settings.port)  # before the store gets its tables
         # Not Firepool's, or another schema version: refused here, not in the app's startup
         # (uvicorn's traceback and exit 3); an empty database gets Firepool's tables.
         check_store(settings.resolved_store_url)
-    _check_bindable(settings.host, settings.port)
     app = create_app(broker)
     _log_start(broker)
 

@@ -86,6 +86,31 @@ async def test_a_timed_out_request_closes_its_connection(
         wire.close()
 
 
+async def test_a_request_in_flight_when_the_wire_closes_keeps_no_connection(
+    raw_agent: tuple[str, list[Handler]],
+) -> None:
+    """A pod forgotten mid-request (deleted, the broker stopping): the answer still comes, and
+    its connection is closed, not kept where nothing would ever close it."""
+    endpoint, handlers = raw_agent
+    answered = asyncio.Event()
+
+    async def slow_keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await answered.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()  # until the broker side closes
+
+    handlers.append(slow_keep_alive)
+    wire = AgentWire(endpoint, {})
+    request = asyncio.create_task(wire.request("GET", "/x", None, 5.0))
+    await asyncio.sleep(0.1)
+    wire.close()
+    answered.set()
+    assert await request == (200, b"{}")
+    assert wire._idle == []
+
+
 @pytest.fixture
 async def raw_agent(tmp_path: Path) -> AsyncIterator[tuple[str, list[Handler]]]:
     """A unix server whose n-th connection is handled by the n-th handler appended."""
