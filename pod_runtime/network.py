@@ -123,12 +123,18 @@ def launch(pid_file: Path, argv: Sequence[str]) -> None:
     if child == 0:  # the host's namespace
         os.close(ready_w)
         os.read(ready_r, 1)
-        target = f"/proc/{os.getppid()}/ns/net"
+        # pasta drops its capabilities before it opens the namespace, and then may not open
+        # another root process's: it gets the one opened here, as its own descriptor.
+        netns = os.open(f"/proc/{os.getppid()}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         cmd = [shutil.which("pasta") or "pasta", *PASTA_OPTIONS, "-P", str(pid_file)]
-        cmd += ["--netns", target, "--netns-only"]
+        cmd += ["--netns", f"/proc/self/fd/{netns}", "--netns-only"]
         try:
             done = subprocess.run(
-                cmd, timeout=PASTA_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
+                cmd,
+                timeout=PASTA_TIMEOUT_S,
+                check=False,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(netns,),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             print(f"firepool network: pasta failed: {exc!r}", file=sys.stderr)

@@ -8,8 +8,8 @@ self-hosted object store often listens). So the local backend serves this one un
 bound read-only into every sandbox, and the pod's agent fetches each http(s) package URL
 through it (``GET /fetch?url=<url>``, ``pod_runtime.package``). The proxy GETs the URL from
 the broker's host and relays status, length and body, but only a URL of the broker's
-package store's own form: the scheme, host and port of the store's URLs and their path up
-to the digest, followed by exactly one sha256 (``package_url_prefix``), query as given (the
+package store's own form: the scheme, host and port of the store's URLs and their path
+around the digest, one sha256 in its place (``package_url_prefix``), query as given (the
 signature, checked where the URL is served: the broker's ``/v1/blobs`` or the object store).
 Anything else is refused with 403 and never requested. No redirect is followed. An
 unreachable upstream answers 502, which the agent retries until its deadline.
@@ -27,6 +27,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -39,41 +40,56 @@ UPSTREAM_TIMEOUT_S = 300.0
 CHUNK = 1 << 20
 
 
-def package_url_prefix(package_url: Callable[[str], str]) -> URL:
-    """The part of the store's package URLs before the digest (scheme, host, port and path),
-    found by asking it for one URL. ``ValueError`` if its URLs do not hold the digest in
-    their path."""
+@dataclass(frozen=True, slots=True)
+class UrlForm:
+    """The store's package URLs: ``scheme://host:port`` + ``head`` + digest + ``tail`` (path)
+    and any query (``/v1/blobs/`` + digest; S3's ``/<bucket>/<prefix>`` + digest + ``.zip``)."""
+
+    origin: tuple[str, str | None, int | None]
+    head: str
+    tail: str
+
+
+def package_url_prefix(package_url: Callable[[str], str]) -> UrlForm:
+    """The form of the store's package URLs, found by asking it for one. ``ValueError`` if its
+    URLs do not hold the digest in their path."""
     url = URL(package_url(PROBE_DIGEST))
-    path = url.raw_path
-    if not path.endswith(PROBE_DIGEST):
-        raise ValueError(f"package URLs of this store do not end their path in the digest: {url}")
-    return url.with_query(None).with_path(path[: -len(PROBE_DIGEST)], encoded=True)
+    head, found, tail = url.raw_path.partition(PROBE_DIGEST)
+    if not found:
+        raise ValueError(f"package URLs of this store hold no digest in their path: {url}")
+    return UrlForm((url.scheme, url.host, url.port), head, tail)
 
 
-def allowed(url: str, prefixes: Sequence[URL]) -> URL | None:
-    """``url`` as a URL to request, if it is one of ``prefixes`` followed by one sha256 digest
-    (any query); None otherwise."""
+def allowed(url: str, forms: Sequence[UrlForm]) -> URL | None:
+    """``url`` as a URL to request, if it has one of ``forms`` with exactly one sha256 digest
+    in its place (any query); None otherwise."""
     try:
         parsed = URL(url, encoded=True)
     except (ValueError, TypeError):
         return None
     if parsed.user is not None or parsed.password is not None or parsed.fragment:
         return None
-    for prefix in prefixes:
-        if (parsed.scheme, parsed.host, parsed.port) != (prefix.scheme, prefix.host, prefix.port):
+    path = parsed.raw_path
+    for form in forms:
+        if (parsed.scheme, parsed.host, parsed.port) != form.origin:
             continue
-        path = parsed.raw_path
-        if path.startswith(prefix.raw_path) and DIGEST_RE.fullmatch(path[len(prefix.raw_path) :]):
+        digest = path[len(form.head) : len(path) - len(form.tail)]
+        if (
+            path.startswith(form.head)
+            and path.endswith(form.tail)
+            and len(path) == len(form.head) + 64 + len(form.tail)
+            and DIGEST_RE.fullmatch(digest)
+        ):
             return parsed
     return None
 
 
 class PackageFetchProxy:
-    """Serves ``GET /fetch?url=`` on the unix socket ``path`` for URLs under ``prefixes``."""
+    """Serves ``GET /fetch?url=`` on the unix socket ``path`` for URLs of ``forms``."""
 
-    def __init__(self, path: Path, prefixes: Sequence[URL]) -> None:
+    def __init__(self, path: Path, forms: Sequence[UrlForm]) -> None:
         self.path = path
-        self.prefixes = tuple(prefixes)
+        self.forms = tuple(forms)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -98,7 +114,7 @@ class PackageFetchProxy:
         self._runner = runner
 
     async def _fetch(self, request: web.Request) -> web.StreamResponse:
-        target = allowed(request.query.get("url", ""), self.prefixes)
+        target = allowed(request.query.get("url", ""), self.forms)
         if target is None:
             return web.json_response(
                 {"class": "Forbidden", "message": "not a package URL of this broker's store"},
