@@ -208,7 +208,8 @@ class LocalBackend:
         ``agent_key`` (``pod_runtime.agent_auth.agent_key``): each pod's agent gets its secret
         derived from it in its environment, and answers only calls carrying it; None: no
         secret (unix sockets only). ``tcp_host``: pods listen on TCP at this address (a free
-        port each) instead of their unix socket; needs ``agent_key``. ``package_url``: the package
+        port each) instead of their unix socket; needs ``agent_key`` and unsandboxed pods (a
+        sandboxed one has a network namespace of its own). ``package_url``: the package
         store's URL for a digest (``PackageStore.url``); sandboxed pods fetch URLs of that
         form through the backend's fetch socket. None: no socket, and a sandboxed pod reaches
         only the package URLs its network reaches (none with ``network: none``)."""
@@ -289,6 +290,12 @@ class LocalBackend:
         pod_dir.mkdir(parents=True)
         if self.tcp_host is None:
             listen = endpoint = f"unix:{pod_dir / SOCKET_NAME}"
+        elif unsandboxed_reason(self.sandbox) is None:  # its own namespace: no TCP from here
+            shutil.rmtree(pod_dir, ignore_errors=True)
+            raise CreateFailed(
+                f"pod {name}: a sandboxed pod has a network namespace of its own, so its agent "
+                f"cannot listen on TCP at {self.tcp_host} (use unix sockets: no tcp_host)"
+            )
         else:
             port = free_tcp_port(self.tcp_host)
             listen = f"tcp:{self.tcp_host}:{port}"
