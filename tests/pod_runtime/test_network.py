@@ -88,8 +88,8 @@ def server() -> Iterator[BrokerServer]:
         package.mkdir()
         (package / "probe.py").write_text(PROBE)
         with server.client("deployer", Role.DEPLOY) as fp:
-            fp.deploy(package, name="closed", sku="cpu", entrypoint="probe:tcp")
-            fp.deploy(package, name="open", sku="web", entrypoint="probe:tcp")
+            fp.deploy(package, name="closed", sku="cpu", entrypoint="probe:tcp", timeout_s=30)
+            fp.deploy(package, name="open", sku="web", entrypoint="probe:tcp", timeout_s=30)
         yield server
     finally:
         server.stop()
@@ -119,7 +119,7 @@ def outside() -> Iterator[Listener]:
 def probe(server: BrokerServer, function: str, address: tuple[str, int]) -> str:
     with server.client("prober") as fp:
         job = fp.invoke(function, list(address))
-    assert job["state"] == "SUCCEEDED", job
+    assert job["state"] == "SUCCEEDED", job.get("error", job)
     assert isinstance(job["output"], str), job
     return job["output"]
 
