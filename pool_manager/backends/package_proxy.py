@@ -38,6 +38,8 @@ PROBE_DIGEST = "0" * 64
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 UPSTREAM_TIMEOUT_S = 300.0
 CHUNK = 1 << 20
+IDENTITY = {"Accept-Encoding": "identity"}
+"""The bytes as stored: the proxy relays them undecoded and sends no ``Content-Encoding``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,9 @@ class PackageFetchProxy:
         resp: web.StreamResponse | None = None
         try:
             timeout = aiohttp.ClientTimeout(total=UPSTREAM_TIMEOUT_S)
-            async with self._session.get(target, allow_redirects=False, timeout=timeout) as up:
+            async with self._session.get(
+                target, allow_redirects=False, timeout=timeout, headers=IDENTITY
+            ) as up:
                 resp = web.StreamResponse(status=up.status)
                 if up.content_length is not None:
                     resp.content_length = up.content_length
