@@ -124,6 +124,7 @@ class Broker:
             settings.backend,
             root=home / "pods",
             open_package=self.packages.open,
+            package_url=self.packages.url,
             sandbox=settings.sandbox,
             gpus=self.catalog.gpus,
             private=[home],  # its keys, job store, packages, logs

@@ -80,7 +80,11 @@ class Agent(AgentRoutes[Attempt]):
 
         loop = asyncio.get_running_loop()
         self.reaper = spawner.Reaper(loop)
-        self.blobs = BlobCache(self.layout.blobs, max_bytes=self.settings.limits.max_compressed)
+        self.blobs = BlobCache(
+            self.layout.blobs,
+            max_bytes=self.settings.limits.max_compressed,
+            fetch_socket=self.settings.fetch_socket,
+        )
         deps = Dependencies(
             self.layout.site,
             self.layout.root / "cache",

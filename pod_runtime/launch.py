@@ -13,7 +13,10 @@ metadata and the operator's credentials are out of sight; the interpreter and co
 back read-only, parent before child, ``_layered_mounts``); the host's root-only files and its
 unix sockets masked (``host_secrets``); the pod directory is the only writable tree; all
 capabilities dropped but, in a sandbox started as root, the few the agent needs to run its
-jobs as an unprivileged uid (``jobuser``); ``--unshare-net`` when ``network=False``. When
+jobs as an unprivileged uid (``jobuser``); the network of ``network`` (``pod_runtime.network``:
+``none`` = ``--unshare-net``, ``outbound`` = a namespace pasta configures, the launcher step
+``python -m pod_runtime.network`` before bwrap; the broker's fetch socket bound back read-only
+so packages still arrive). When
 cgroup v2 is writable here the argv is prefixed with a ``sh`` step that moves the pod into
 ``<v2>/firepool/<pod>/agent`` before exec, and that pod cgroup is bound writable (the other
 pods' hidden under an empty ``firepool``): the agent then makes one child cgroup per job, and
@@ -40,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pod_runtime import cgroups, jobuser
+from pod_runtime import network as netmode
 
 log = logging.getLogger(__name__)
 PROBE_ARGS = (
@@ -58,6 +62,9 @@ PROBE_ARGS = (
     "--cap-drop",
     "ALL",
 )
+FETCH_DIR = ".fetch"
+"""Where, inside the pod directory, the sandbox binds the directory of the broker's package
+fetch socket (read-only; the socket itself is what the agent is told)."""
 PKG_TMPFS_BYTES = 2_000_000_000 + 64 * 1024 * 1024
 PRIVATE_TMPFS_BYTES = 4096 * 1024 * 1024
 """Default size cap of the private ``/tmp`` and ``/dev/shm`` (each; a pool's ``tmpfs_mb``)."""
@@ -271,12 +278,13 @@ def _open_parents(path: Path, emptied: Sequence[str]) -> list[str]:
 
 def _bwrap_argv(
     pod_dir: Path,
-    network: bool,
+    network: str,
     cgroup_dir: Path | None,
     python: str = sys.executable,
     hidden: Sequence[Path] = (),
     capabilities: Sequence[str] = (),
     tmpfs_bytes: int = PRIVATE_TMPFS_BYTES,
+    fetch_socket: Path | None = None,
 ) -> list[str]:
     pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
@@ -300,6 +308,8 @@ def _bwrap_argv(
     # its own directory, inside a hidden one
     argv += _open_parents(pod_dir, [*PRIVATE_MOUNTS, *masked, *secret_dirs])
     argv += ["--bind", str(pod_dir), str(pod_dir)]
+    if fetch_socket is not None:  # its directory: a socket made again later is seen too
+        argv += ["--ro-bind", str(fetch_socket.parent), str(pod_dir / FETCH_DIR)]
     # The package is unpacked on every job: into memory, not onto a (possibly slow, shared)
     # disk. Sized to the extraction cap plus slack.
     argv += ["--size", str(PKG_TMPFS_BYTES), "--tmpfs", pkg]
@@ -310,7 +320,7 @@ def _bwrap_argv(
     argv += ["--chdir", str(pod_dir)]
     if cgroup_dir is not None:  # its own cgroup, writable; every other pod's out of sight
         argv += ["--tmpfs", str(cgroup_dir.parent), "--bind", str(cgroup_dir), str(cgroup_dir)]
-    if not network:
+    if network == "none":
         argv.append("--unshare-net")
     return [*argv, "--"]
 
@@ -323,7 +333,7 @@ def agent_command(
     python: str = sys.executable,
     preload: Sequence[str] = (),
     zygote: bool = True,
-    network: bool = True,
+    network: bool | str = True,
     role: str = "active",
     gpu_uuids: Sequence[str] = (),
     sandbox: bool | None = None,
@@ -331,14 +341,21 @@ def agent_command(
     hidden: Sequence[Path] = (),
     drop_jobs: bool = True,
     tmpfs_bytes: int = PRIVATE_TMPFS_BYTES,
+    fetch_socket: Path | None = None,
 ) -> list[str]:
     """The pod's argv. ``sandbox``: None = bwrap if it works, True = require it, False = never.
     ``hidden``: directories the sandbox replaces with empty ones (the pod's own directory,
     if inside one, stays visible); without a sandbox nothing is hidden. ``drop_jobs``: in a
     sandbox started as root, run jobs as ``jobuser.JOB_UID`` (the agent keeping only
     ``jobuser.AGENT_CAPABILITIES``). ``tmpfs_bytes``: the size cap of the sandbox's private
-    ``/tmp`` and ``/dev/shm``, each."""
+    ``/tmp`` and ``/dev/shm``, each. ``network``: ``none``, ``outbound``
+    (``pod_runtime.network``; ``NetworkUnavailable`` when this host cannot make it) or
+    ``host`` (True; False means ``none``); only a sandboxed pod is isolated. ``fetch_socket``:
+    the broker's package fetch socket, bound into the sandbox and given to the agent."""
     global _warned
+    mode = ("host" if network else "none") if isinstance(network, bool) else network
+    if mode not in (*netmode.NETWORK_MODES, "host"):
+        raise ValueError(f"network must be none, outbound or host, not {network!r}")
     pod_dir = Path(pod_dir).resolve()
     agent = [
         python,
@@ -358,7 +375,7 @@ def agent_command(
         agent += ["--preload", ",".join(preload)]
     if not zygote:
         agent.append("--no-zygote")
-    if not network:
+    if mode == "none":
         agent.append("--no-network-note")
     for uuid in gpu_uuids:
         agent += ["--gpu-uuid", uuid]
@@ -378,9 +395,13 @@ def agent_command(
         job_uid = jobuser.JOB_UID if drop_jobs and os.geteuid() == 0 else None
         capabilities = jobuser.AGENT_CAPABILITIES if job_uid is not None else ()
         sandbox_argv = _bwrap_argv(
-            pod_dir, network, pod_cgroup, python, hidden, capabilities, tmpfs_bytes
+            pod_dir, mode, pod_cgroup, python, hidden, capabilities, tmpfs_bytes, fetch_socket
         )
+        if mode == "outbound":
+            sandbox_argv = [*netmode.launcher_argv(pod_dir, python), *sandbox_argv]
         argv = [*sandbox_argv, *agent, "--sandboxed"]
+        if fetch_socket is not None:
+            argv += ["--fetch-socket", str(pod_dir / FETCH_DIR / fetch_socket.name)]
         if job_uid is not None:
             argv += ["--job-uid", str(job_uid)]
     if pod_cgroup is None:

@@ -12,6 +12,12 @@ or answers 5xx is retried with backoff until the attempt's deadline, each try cu
 left of it, then fails ``PackageFetchFailed`` too; bytes that are not the package (wrong
 digest, too large) are ``PackageRejected``. No fetch outlives its deadline.
 
+With a ``fetch_socket`` (a sandboxed local pod, whose network namespace reaches neither the
+broker's loopback URL nor, with ``network: none``, anything), every http(s) URL is fetched
+through the broker's fetch socket instead (``GET /fetch?url=<url>`` over that unix socket:
+``pool_manager.backends.package_proxy``), which GETs it from the host only if it is one of
+the broker's package URLs and relays the answer; the same checks apply to what comes back.
+
 Concurrency: one ``BlobCache`` per agent, used from the event loop; the agent runs one attempt
 at a time, so two fetches of the same digest never race (and would be harmless if they did:
 both write distinct temporary files and rename onto the same verified content).
@@ -39,6 +45,8 @@ FETCH_RETRY_S = 30.0
 """How long a fetch with no deadline of its own (a requirements file) retries a server that
 is down before it fails ``PackageFetchFailed``."""
 KEEP_BLOBS = 16
+FETCH_SOCKET_URL = "http://firepool-fetch/fetch"
+"""What the agent asks the fetch socket for (the host name is only the Host header)."""
 
 
 def _sha256_of(path: Path) -> str:
@@ -70,8 +78,16 @@ async def _reason(resp: aiohttp.ClientResponse) -> str:
 class BlobCache:
     """Verified blobs by digest under ``root``; evicts least recently used beyond ``keep``."""
 
-    def __init__(self, root: Path, *, max_bytes: int, keep: int = KEEP_BLOBS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int,
+        keep: int = KEEP_BLOBS,
+        fetch_socket: Path | None = None,
+    ) -> None:
         self.root = root
+        self.fetch_socket = fetch_socket
         self.max_bytes = max_bytes
         self.keep = keep
         self.root.mkdir(parents=True, exist_ok=True)
@@ -178,12 +194,20 @@ class BlobCache:
 
     async def _download_once(self, url: str, tmp: Path, timeout_s: float) -> str:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = (
+                aiohttp.UnixConnector(path=str(self.fetch_socket))
+                if self.fetch_socket is not None
+                else None
+            )
+            self._session = aiohttp.ClientSession(connector=connector)
+        params: dict[str, str] | None = None
+        if self.fetch_socket is not None:
+            url, params = FETCH_SOCKET_URL, {"url": url}
         hasher = hashlib.sha256()
         size = 0
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._session.get(url, timeout=timeout) as resp:
+            async with self._session.get(url, params=params, timeout=timeout) as resp:
                 if resp.status >= 500:
                     raise _Transient(f"HTTP {resp.status}")
                 if resp.status != 200:

@@ -4,7 +4,7 @@
 ``[--preload a,b] [--no-zygote] [--role active|standby] [--gpu-uuid U]... [--no-network-note]``
 ``[--sandboxed] [--max-package-bytes N] [--max-extract-bytes N] [--max-files N]``
 ``[--reset-deadline-s S] [--job-memory-max BYTES] [--job-pids-max N] [--no-cgroups]``
-``[--max-log-bytes N]``.
+``[--max-log-bytes N] [--fetch-socket PATH]``.
 Frozen after start; apart from the agent's secret (``agent_auth.SECRET_ENV``: never on a
 command line, which every local user can read) and one test-only fault-injection variable
 (``FAULT_ENV``), nothing reads the environment.
@@ -99,7 +99,11 @@ class AgentSettings:
     """GPUs this pod may use, pinned by UUID in each job's environment."""
     network: bool = True
     """False with ``--no-network-note``: the launcher gave the pod no network (noted in
-    /healthz); http(s) package URLs cannot be fetched then, only ``file://``."""
+    /healthz); http(s) package URLs are fetched through ``fetch_socket`` then, if given."""
+    fetch_socket: Path | None = None
+    """The broker's package fetch socket (``pool_manager.backends.package_proxy``), bound into
+    the sandbox by the launcher: every http(s) package URL is fetched through it, so a pod
+    without network (or without the host's loopback) still gets its packages."""
     sandboxed: bool = False
     """Set by ``launch.agent_command`` under bubblewrap: /tmp and /dev/shm are private."""
     job_uid: int | None = None
@@ -145,6 +149,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
     parser.add_argument("--gpu-uuid", action="append", default=[])
     parser.add_argument("--no-network-note", action="store_true")
     parser.add_argument("--sandboxed", action="store_true")
+    parser.add_argument("--fetch-socket", type=Path, default=None)
     parser.add_argument("--job-uid", type=int, default=None)
     defaults = ArchiveLimits()
     parser.add_argument("--max-package-bytes", type=int, default=defaults.max_compressed)
@@ -173,6 +178,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentSettings:
         gpu_uuids=tuple(u for u in args.gpu_uuid if u),
         network=not args.no_network_note,
         sandboxed=args.sandboxed,
+        fetch_socket=args.fetch_socket,
         job_uid=args.job_uid,
         limits=ArchiveLimits(
             max_compressed=args.max_package_bytes,

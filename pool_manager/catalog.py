@@ -141,6 +141,8 @@ class PodTemplate:
         )
 
 
+NETWORK_MODES: tuple[str, ...] = ("none", "outbound")
+"""A pool's ``network``: ``pod_runtime.network.NETWORK_MODES`` (which this may not import)."""
 TagMode = Literal["retire", "switch", "hint"]
 TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
 
@@ -194,8 +196,13 @@ class PoolSpec:
     """Modules a pod's zygote imports once (never touching CUDA); jobs fork from it."""
     zygote: bool = True
     """Fork each job from a warm zygote interpreter; ``False`` execs a fresh interpreter."""
-    network: bool = True
-    """Pods keep network access; ``False`` gives each pod its own empty network namespace."""
+    network: str = "none"
+    """What a sandboxed local pod's jobs may reach (``pod_runtime.network``): ``none``, its own
+    network namespace with only its loopback (the host's loopback services out of reach), or
+    ``outbound``, a namespace whose user-mode stack (pasta) reaches what the host reaches but
+    the host's loopback and its primary address, with nothing forwarded in. Packages arrive
+    either way (the broker's fetch socket). The Kubernetes backend leaves the network to the
+    cluster (its NetworkPolicy)."""
     memory_limit_mb: int | None = None
     """Per-job memory limit, enforced where a writable cgroup v2 exists."""
     pids_limit: int | None = 4096
@@ -272,10 +279,15 @@ class PoolSpec:
                 f"not {self.tag_mode!r}",
                 field="tag_mode",
             )
-        for name in ("zygote", "network"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidRequest(f"pool {self.sku!r}: {name} must be true or false",
-                                     field=name)  # fmt: skip
+        if not isinstance(self.zygote, bool):
+            raise InvalidRequest(f"pool {self.sku!r}: zygote must be true or false",
+                                 field="zygote")  # fmt: skip
+        if not isinstance(self.network, str) or self.network not in NETWORK_MODES:
+            raise InvalidRequest(
+                f"pool {self.sku!r}: network must be one of {', '.join(NETWORK_MODES)}, "
+                f"not {self.network!r}",
+                field="network",
+            )
 
     @property
     def hold_s(self) -> float:

@@ -51,6 +51,7 @@ def make_backend(
     private: Sequence[Path] = (),
     agent_key: bytes | None = None,
     kubernetes: KubernetesOptions | None = None,
+    package_url: Callable[[str], str] | None = None,
 ) -> PodBackend:
     """The backend ``kind`` names, keeping its pods' state under ``root``.
 
@@ -60,8 +61,9 @@ def make_backend(
     (directories no pod may see: the broker's state; the operator's home directory is added)
     concern local pods only. ``agent_key`` (``pod_runtime.agent_auth.agent_key``): what each
     pod's agent secret is derived from (local and Kubernetes pods). ``kubernetes``: the
-    kubernetes backend's options. ``InvalidRequest`` naming the known backends for any other
-    ``kind``."""
+    kubernetes backend's options. ``package_url`` (the store's ``url``): local pods fetch
+    URLs of its form through the backend's fetch socket (``package_proxy``).
+    ``InvalidRequest`` naming the known backends for any other ``kind``."""
     if kind == "local":
         from pool_manager.backends.gpus import GpuInventory
         from pool_manager.backends.local import LocalBackend, operator_home
@@ -72,6 +74,7 @@ def make_backend(
             gpus=GpuInventory(gpus or {}),
             private=[*private, *operator_home()],
             agent_key=agent_key,
+            package_url=package_url,
         )
     if kind == "kubernetes":
         from pool_manager.backends.kubernetes import KubernetesBackend

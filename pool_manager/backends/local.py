@@ -12,6 +12,12 @@ caller owns its pod, nor which process a delete kills. (Without a sandbox a job 
 broker's user and reads what it reads, the ``private`` paths included:
 ``unsandboxed_reason`` says when that is so.)
 
+A sandboxed pod's network is its pool's ``network`` (``pod_runtime.network``: ``none``, the
+default, or ``outbound``); either way it fetches its package through the backend's package
+fetch socket (``package_proxy``, started with the first ``create`` or ``list`` when the
+backend knows its store's URLs: ``package_url``), since its namespace cannot reach the
+broker's loopback URL.
+
 A pod's environment is the broker's filtered to ``POD_ENV_NAMES`` and ``POD_ENV_PREFIXES``
 (paths, locale, proxies, certificates, package-index and GPU settings), like a pod template's
 environment; the broker's own configuration and credentials never reach a job.
@@ -40,8 +46,10 @@ from pathlib import Path
 from pod_runtime.agent_auth import SECRET_ENV, pod_secret, tcp_endpoint
 from pod_runtime.cgroups import kill_pod
 from pod_runtime.launch import agent_command, sandbox_status
+from pod_runtime.network import NetworkUnavailable, stop_pasta
 from pool_manager.backends.base import BackendPod, CreateFailed
 from pool_manager.backends.gpus import GpuInventory
+from pool_manager.backends.package_proxy import PackageFetchProxy, package_url_prefix
 from pool_manager.catalog import PoolSpec
 
 POD_ENV_NAMES = frozenset(
@@ -102,6 +110,10 @@ MAX_SOCKET_PATH = 107
 """Bytes a unix socket's path may have (``sun_path`` is 108, with its NUL): longer, the agent
 cannot listen, and the pod would die before it is ready."""
 SOCKET_NAME = "agent.sock"
+FETCH_SOCKET = Path(".fetch") / "s"
+"""The package fetch socket, under ``root``; its directory is bound into every sandbox at
+``<pod>/.fetch`` (``launch.FETCH_DIR``), so the agent's path to it is shorter than the one to
+its own socket, which ``socket_path_error`` checks."""
 
 
 def socket_path_error(root: Path, pod_name: str) -> str | None:
@@ -145,6 +157,7 @@ def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: flo
                 break
             time.sleep(0.005)
     kill_pod(pod_dir.name)
+    stop_pasta(pod_dir)  # an outbound pod's (killed with its cgroup, where there is one)
     if isinstance(pid, int):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -192,12 +205,17 @@ class LocalBackend:
         private: Sequence[Path] = (),
         agent_key: bytes | None = None,
         tcp_host: str | None = None,
+        package_url: Callable[[str], str] | None = None,
     ):
         """``private``: directories no pod may see besides ``root`` (the broker's state).
         ``agent_key`` (``pod_runtime.agent_auth.agent_key``): each pod's agent gets its secret
         derived from it in its environment, and answers only calls carrying it; None: no
         secret (unix sockets only). ``tcp_host``: pods listen on TCP at this address (a free
-        port each) instead of their unix socket; needs ``agent_key``."""
+        port each) instead of their unix socket; needs ``agent_key`` and unsandboxed pods (a
+        sandboxed one has a network namespace of its own). ``package_url``: the package
+        store's URL for a digest (``PackageStore.url``); sandboxed pods fetch URLs of that
+        form through the backend's fetch socket. None: no socket, and a sandboxed pod reaches
+        only the package URLs its network reaches (none with ``network: none``)."""
         if tcp_host is not None and agent_key is None:
             raise ValueError("pods on TCP need an agent key: anyone could call them")
         self.root = root.resolve()  # pods run elsewhere (their own cwd): never relative
@@ -211,6 +229,15 @@ class LocalBackend:
         self.tcp_host = tcp_host
         self._records = threading.RLock()
         """Held across each read-modify-write (and write) of a pod's record."""
+        self.fetch_proxy = (
+            PackageFetchProxy(self.root / FETCH_SOCKET, [package_url_prefix(package_url)])
+            if package_url is not None
+            else None
+        )
+
+    async def _start_proxy(self) -> None:
+        if self.fetch_proxy is not None and not self.fetch_proxy.started:
+            await self.fetch_proxy.start()
 
     def _reap(self) -> None:
         """Collect exit statuses of agents we spawned that have exited (no zombies)."""
@@ -269,25 +296,37 @@ class LocalBackend:
         pod_dir.mkdir(parents=True)
         if self.tcp_host is None:
             listen = endpoint = f"unix:{pod_dir / SOCKET_NAME}"
+        elif unsandboxed_reason(self.sandbox) is None:  # its own namespace: no TCP from here
+            shutil.rmtree(pod_dir, ignore_errors=True)
+            raise CreateFailed(
+                f"pod {name}: a sandboxed pod has a network namespace of its own, so its agent "
+                f"cannot listen on TCP at {self.tcp_host} (use unix sockets: no tcp_host)"
+            )
         else:
             port = free_tcp_port(self.tcp_host)
             listen = f"tcp:{self.tcp_host}:{port}"
             endpoint = tcp_endpoint(self.tcp_host, port, name)
-        argv = agent_command(
-            pod_name=name,
-            pod_dir=pod_dir,
-            listen=listen,
-            python=self.python,
-            preload=pool.preload,
-            zygote=pool.zygote,
-            network=pool.network,
-            role=role,
-            gpu_uuids=cards,
-            sandbox=self.sandbox,
-            extra_args=limit_args(pool),
-            hidden=self.private,
-            tmpfs_bytes=pool.tmpfs_mb * 1024 * 1024,
-        )
+        fetch_socket = self.fetch_proxy.path if self.fetch_proxy is not None else None
+        try:
+            argv = agent_command(
+                pod_name=name,
+                pod_dir=pod_dir,
+                listen=listen,
+                python=self.python,
+                preload=pool.preload,
+                zygote=pool.zygote,
+                network=pool.network,
+                role=role,
+                gpu_uuids=cards,
+                sandbox=self.sandbox,
+                extra_args=limit_args(pool),
+                hidden=self.private,
+                tmpfs_bytes=pool.tmpfs_mb * 1024 * 1024,
+                fetch_socket=fetch_socket,
+            )
+        except NetworkUnavailable as exc:  # a failed create leaves nothing behind
+            shutil.rmtree(pod_dir, ignore_errors=True)
+            raise CreateFailed(f"pod {name} of pool {pool.sku}: {exc}") from exc
         created = time.time()
         meta: dict[str, object] = {
             "name": name,
@@ -324,6 +363,7 @@ class LocalBackend:
     async def create(
         self, name: str, pool: PoolSpec, role: str = "active", gpu: str | None = None
     ) -> BackendPod:
+        await self._start_proxy()
         return await asyncio.to_thread(self._spawn, name, pool, role, gpu)
 
     def _kill(self, name: str) -> None:
@@ -359,6 +399,7 @@ class LocalBackend:
         return pods
 
     async def list(self) -> list[BackendPod]:
+        await self._start_proxy()  # the pods an earlier broker left fetch through it too
         return await asyncio.to_thread(self._list)
 
     async def exited(self, name: str) -> bool:
@@ -404,3 +445,5 @@ class LocalBackend:
     async def close(self) -> None:
         # Pods outlive the broker; only reap the ones that already exited.
         self._reap()
+        if self.fetch_proxy is not None:
+            await self.fetch_proxy.close()

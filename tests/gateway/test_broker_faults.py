@@ -105,7 +105,9 @@ def test_a_slow_install_is_waited_for_not_taken_for_a_lost_pod(
         "def version(x):\n    import demo_pkg\n    return demo_pkg.VALUE\n"
     )
     try:
-        with threaded_broker(tmp_path / "home") as served:
+        # Unsandboxed: the index listens on the host's loopback, which a sandboxed pod's
+        # network namespace does not reach (pod_runtime.network).
+        with threaded_broker(tmp_path / "home", sandbox=False) as served:
             with served.client("dev", Role.DEPLOY) as fp:
                 fp.deploy(code, name="probe", sku="cpu", entrypoint="probe:version",
                           requirements=requirements, timeout_s=1.0, max_retries=0)  # fmt: skip
