@@ -354,7 +354,7 @@ def agent_command(
     the broker's package fetch socket, bound into the sandbox and given to the agent."""
     global _warned
     mode = ("host" if network else "none") if isinstance(network, bool) else network
-    if mode not in (*netmode.NETWORK_MODES, "host"):
+    if mode not in netmode.NETWORK_MODES:
         raise ValueError(f"network must be none, outbound or host, not {network!r}")
     pod_dir = Path(pod_dir).resolve()
     agent = [

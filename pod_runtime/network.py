@@ -44,8 +44,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-NetworkMode = Literal["none", "outbound"]
-NETWORK_MODES: tuple[str, ...] = ("none", "outbound")
+NetworkMode = Literal["none", "outbound", "host"]
+NETWORK_MODES: tuple[str, ...] = ("none", "outbound", "host")
 CLONE_NEWNET = 0x40000000
 PASTA_TIMEOUT_S = 10.0
 """Longest the launcher waits for pasta to configure the namespace before the pod fails."""

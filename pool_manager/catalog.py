@@ -141,7 +141,7 @@ class PodTemplate:
         )
 
 
-NETWORK_MODES: tuple[str, ...] = ("none", "outbound")
+NETWORK_MODES: tuple[str, ...] = ("none", "outbound", "host")
 """A pool's ``network``: ``pod_runtime.network.NETWORK_MODES`` (which this may not import)."""
 TagMode = Literal["retire", "switch", "hint"]
 TAG_MODES: tuple[str, ...] = ("retire", "switch", "hint")
@@ -200,9 +200,11 @@ class PoolSpec:
     """What a sandboxed local pod's jobs may reach (``pod_runtime.network``): ``none``, its own
     network namespace with only its loopback (the host's loopback services out of reach), or
     ``outbound``, a namespace whose user-mode stack (pasta) reaches what the host reaches but
-    the host's loopback and its primary address, with nothing forwarded in. Packages arrive
-    either way (the broker's fetch socket). The Kubernetes backend leaves the network to the
-    cluster (its NetworkPolicy)."""
+    the host's loopback and its primary address, with nothing forwarded in; or ``host``, the
+    host's own network, loopback services included: an explicit opt-in for what needs it,
+    such as a local gang whose ranks meet at ``MASTER_ADDR`` 127.0.0.1 (each pod of the other
+    modes has a namespace of its own). Packages arrive either way (the broker's fetch
+    socket). The Kubernetes backend leaves the network to the cluster (its NetworkPolicy)."""
     memory_limit_mb: int | None = None
     """Per-job memory limit, enforced where a writable cgroup v2 exists."""
     pids_limit: int | None = 4096

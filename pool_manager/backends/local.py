@@ -296,11 +296,13 @@ class LocalBackend:
         pod_dir.mkdir(parents=True)
         if self.tcp_host is None:
             listen = endpoint = f"unix:{pod_dir / SOCKET_NAME}"
-        elif unsandboxed_reason(self.sandbox) is None:  # its own namespace: no TCP from here
+        elif pool.network != "host" and unsandboxed_reason(self.sandbox) is None:
+            # a namespace of its own: no TCP from here
             shutil.rmtree(pod_dir, ignore_errors=True)
             raise CreateFailed(
                 f"pod {name}: a sandboxed pod has a network namespace of its own, so its agent "
-                f"cannot listen on TCP at {self.tcp_host} (use unix sockets: no tcp_host)"
+                f"cannot listen on TCP at {self.tcp_host} (use unix sockets: no tcp_host; or "
+                "network: host)"
             )
         else:
             port = free_tcp_port(self.tcp_host)

@@ -81,7 +81,10 @@ class Listener:
 def server() -> Iterator[BrokerServer]:
     require_sandbox()
     home = Path(tempfile.mkdtemp(prefix="firepool-net-", dir="/var/tmp")) / "home"
-    catalog = "pools:\n  cpu: {max_count: 1}\n  web: {max_count: 1, network: outbound}\n"
+    catalog = (
+        "pools:\n  cpu: {max_count: 1}\n  web: {max_count: 1, network: outbound}\n"
+        "  shared: {max_count: 1, network: host}\n"
+    )
     server = start_broker(home, catalog)
     try:
         package = home.parent / "probe"
@@ -90,6 +93,7 @@ def server() -> Iterator[BrokerServer]:
         with server.client("deployer", Role.DEPLOY) as fp:
             fp.deploy(package, name="closed", sku="cpu", entrypoint="probe:tcp", timeout_s=30)
             fp.deploy(package, name="open", sku="web", entrypoint="probe:tcp", timeout_s=30)
+            fp.deploy(package, name="shared", sku="shared", entrypoint="probe:tcp", timeout_s=30)
         yield server
     finally:
         server.stop()
@@ -132,6 +136,18 @@ def test_a_job_in_a_default_pool_cannot_reach_the_hosts_loopback(server: BrokerS
         answer = probe(server, "closed", host.address)
         assert answer.startswith("refused"), answer
         assert host.token not in answer and host.accepted == 1
+    finally:
+        host.close()
+
+
+def test_a_job_in_a_host_network_pool_reaches_the_hosts_loopback_as_opted_in(
+    server: BrokerServer,
+) -> None:
+    """``network: host`` is the explicit opt-in (a local gang's ranks meet at 127.0.0.1)."""
+    host = Listener("127.0.0.1")
+    try:
+        answer = probe(server, "shared", host.address)
+        assert answer == f"connected {host.token}", answer
     finally:
         host.close()
 

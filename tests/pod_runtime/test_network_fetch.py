@@ -29,13 +29,14 @@ BODY = b"package bytes"
 DIGEST = hashlib.sha256(BODY).hexdigest()
 
 
-@pytest.mark.parametrize("value", [True, False, "host", "", None, "Outbound"])
-def test_a_pool_network_other_than_none_or_outbound_is_a_typed_error(value: object) -> None:
-    with pytest.raises(InvalidRequest, match="network must be one of none, outbound") as err:
+@pytest.mark.parametrize("value", [True, False, "Host", "", None, "Outbound"])
+def test_a_pool_network_other_than_none_outbound_or_host_is_a_typed_error(value: object) -> None:
+    with pytest.raises(InvalidRequest, match="network must be one of none, outbound, host") as err:
         PoolSpec(sku="cpu", network=value)  # type: ignore[arg-type]
     assert err.value.field == "network"
     assert PoolSpec(sku="cpu").network == "none"
     assert PoolSpec(sku="cpu", network="outbound").network == "outbound"
+    assert PoolSpec(sku="cpu", network="host").network == "host"
 
 
 class Upstream:
