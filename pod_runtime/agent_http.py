@@ -42,6 +42,8 @@ LOG_CHUNK = 1 << 20
 MAX_WAIT_S = 600.0
 """The longest long poll ``GET /attempts/{id}?wait=S`` holds; a longer ``wait`` is cut to it."""
 CANCEL_WAIT_S = 10.0
+EARLY_CANCELS_KEPT = 256
+"""Cancels of attempts not yet started that an agent remembers (``cancel_attempt``)."""
 """How long ``DELETE /attempts/{id}`` waits for the killed attempt to end before answering."""
 INLINE_LOG_BYTES = 64 * 1024
 """An ended attempt's whole log, when its served size is at most this, rides along in the
@@ -135,6 +137,10 @@ class AgentRoutes(abc.ABC, Generic[A]):
         self.attempts: dict[str, A] = {}
         self.current: A | None = None
         self._lock = asyncio.Lock()
+        self._early_cancels: dict[str, None] = {}
+        """Attempts cancelled before this agent knew them (the broker's DELETE overtook its
+        POST), oldest first, at most ``EARLY_CANCELS_KEPT``: such an attempt is cancelled as
+        it starts, so a cancel is never lost to the race."""
 
     # What an agent supplies.
 
@@ -208,6 +214,7 @@ class AgentRoutes(abc.ABC, Generic[A]):
     async def start_attempt(self, spec: AttemptSpec) -> A:
         """The attempt ``spec`` names, started now unless it already exists (a retried POST
         is idempotent). Raises ``Conflict`` if another attempt is running."""
+        early = False
         async with self._lock:
             attempt = self.attempts.get(spec.attempt_id)
             if attempt is None:
@@ -218,6 +225,9 @@ class AgentRoutes(abc.ABC, Generic[A]):
                 self.current = attempt
                 attempt.task = asyncio.create_task(self.run(attempt))
                 attempt.task.add_done_callback(partial(self._settle, attempt))
+                early = self._early_cancels.pop(spec.attempt_id, 0) is None
+        if early:
+            await self.kill(attempt)  # before its first step: settled, never run
         return attempt
 
     def _settle(self, attempt: A, task: asyncio.Task[None]) -> None:
@@ -244,6 +254,11 @@ class AgentRoutes(abc.ABC, Generic[A]):
         return respond(self.answer(attempt))
 
     async def cancel_attempt(self, request: web.Request) -> web.Response:
+        attempt_id = request.match_info["id"]
+        if attempt_id not in self.attempts:  # not started yet: cancelled when it comes
+            self._early_cancels[attempt_id] = None
+            if len(self._early_cancels) > EARLY_CANCELS_KEPT:
+                del self._early_cancels[next(iter(self._early_cancels))]
         attempt = self._get(request)
         await self.kill(attempt)
         with contextlib.suppress(TimeoutError):

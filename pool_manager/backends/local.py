@@ -230,7 +230,7 @@ class LocalBackend:
         self._records = threading.RLock()
         """Held across each read-modify-write (and write) of a pod's record."""
         self.fetch_proxy = (
-            PackageFetchProxy(self.root / FETCH_SOCKET, [package_url_prefix(package_url)])
+            PackageFetchProxy(self.root / FETCH_SOCKET, lambda: [package_url_prefix(package_url)])
             if package_url is not None
             else None
         )

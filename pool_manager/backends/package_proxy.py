@@ -89,9 +89,14 @@ def allowed(url: str, forms: Sequence[UrlForm]) -> URL | None:
 class PackageFetchProxy:
     """Serves ``GET /fetch?url=`` on the unix socket ``path`` for URLs of ``forms``."""
 
-    def __init__(self, path: Path, forms: Sequence[UrlForm]) -> None:
+    def __init__(
+        self, path: Path, forms: Sequence[UrlForm] | Callable[[], Sequence[UrlForm]]
+    ) -> None:
         self.path = path
-        self.forms = tuple(forms)
+        self._forms = forms
+        """The URL forms, or how to find them: asked once, at ``start`` (a store that signs
+        its URLs, S3, may not be able to sign one before the broker runs)."""
+        self.forms: tuple[UrlForm, ...] = ()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -104,6 +109,7 @@ class PackageFetchProxy:
         see the new one)."""
         if self._runner is not None:
             return
+        self.forms = tuple(self._forms() if callable(self._forms) else self._forms)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.path.parent, 0o700)
         self.path.unlink(missing_ok=True)

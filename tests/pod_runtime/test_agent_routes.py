@@ -389,6 +389,20 @@ def test_a_reset_during_a_job_cancels_it_first(
     assert agent.call("GET", "/healthz")[1]["busy"] is False
 
 
+def test_a_cancel_that_overtakes_its_attempt_cancels_it_when_it_comes(
+    agent: AgentProcess, package: dict[str, str]
+) -> None:
+    """The broker's DELETE can reach the agent before the POST that starts the attempt (a
+    caller's cancel while the job is being launched): the attempt is cancelled as it starts,
+    never run, and the pod is free for the next."""
+    assert agent.call("DELETE", "/attempts/early-1:1")[0] == 404  # not known yet
+    start = time.monotonic()
+    answer = agent.run(spec("early-1:1", package, "jobs:sleep", 30))
+    assert time.monotonic() - start < 10
+    assert answer["state"] == "cancelled" and answer["error"]["class"] == "Cancelled", answer
+    assert agent.run(spec("early-2:1", package, "jobs:echo", 2))["state"] == "succeeded"
+
+
 def test_cancels_at_any_moment_never_mix_up_later_jobs(
     agent: AgentProcess, package: dict[str, str]
 ) -> None:

@@ -24,8 +24,10 @@ from gateway.harness import free_port, kill_pods, start_broker
 CATALOG = (
     "budgets: {cpu: 16}\n"
     "pools:\n"
-    "  cpu: {min_count: 4, max_idle_count: 8, max_count: 8, idle_timeout_s: 600}\n"
+    "  cpu: {min_count: 4, max_idle_count: 8, max_count: 8, idle_timeout_s: 600,"
+    " network: host}\n"
 )
+"""``network: host``: each run reports to the recorder on this host's loopback."""
 CALLS = 300
 KILL_AT = (40, 120, 200)
 """Outputs yielded before each SIGKILL: three kills spread over the run."""
