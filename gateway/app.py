@@ -438,7 +438,10 @@ async def job_logs(request: Request) -> Response:
     """The job's log: live from rank 0's agent while it runs, from the archive afterwards
     (same byte offsets); ``?follow=1`` streams until the job ends."""
     broker, job = await _visible_job(request)
-    chunks = broker.read_log(job, follow=query_switch(request, "follow"))
+    follow = query_switch(request, "follow")
+    if request.method == "HEAD":  # the headers only: a followed log would hold it to the end
+        return Response(media_type="application/octet-stream")
+    chunks = broker.read_log(job, follow=follow)
     return StreamingResponse(chunks, media_type="application/octet-stream")  # any bytes
 
 

@@ -160,3 +160,19 @@ def test_a_call_may_ask_for_a_fresh_pod_of_its_own(gateway: ThreadedBroker) -> N
     assert pod["fresh"] != pod["warm"], "not the session's warm pod"
     assert pod["after"] != pod["fresh"], "the fresh pod retired after its job"
     assert "single_use" not in after
+
+
+def test_a_head_of_a_followed_log_leaves_its_connection_free_while_the_job_runs(
+    gateway: ThreadedBroker,
+) -> None:
+    """HEAD reads a route's headers: a followed log must not hold the kept-alive connection
+    until the job ends (the client's next request on it would wait as long)."""
+    with gateway.client("follower") as fp:
+        slow = fp.function("nap").submit(30)
+        headers = {"Authorization": f"Bearer {gateway.token('follower')}"}
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as http:
+            start = time.monotonic()
+            assert http.head(f"/v1/jobs/{slow.id}/logs?follow=1").status_code == 200
+            assert http.get("/v1/jobs").status_code == 200  # on the same connection
+            assert time.monotonic() - start < 5
+        slow.cancel()
