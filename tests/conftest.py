@@ -25,6 +25,7 @@ from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.launch import sandbox_status
 from tests.functions.s3_server import s3_env, s3_server
 from tests.helpers import ThreadedBroker, threaded_broker
+from tests.require import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "functions"
@@ -75,17 +76,16 @@ REQUIRE_ENV = "FIREPOOL_REQUIRE_MYSQL"
 def mysql_server_url() -> str:
     url = os.environ.get(MYSQL_ENV)
     if not url:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {MYSQL_ENV} is not set")
-        pytest.skip(f"MySQL contract tests need {MYSQL_ENV} (e.g. mysql+pymysql://root@host/db)")
+        missing(
+            REQUIRE_ENV,
+            f"MySQL contract tests need {MYSQL_ENV} (e.g. mysql+pymysql://root@host/db)",
+        )
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except Exception as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but MySQL at {MYSQL_ENV} is unreachable: {exc}")
-        pytest.skip(f"MySQL at {MYSQL_ENV} is unreachable: {exc}")
+        missing(REQUIRE_ENV, f"MySQL at {MYSQL_ENV} is unreachable: {exc}")
     finally:
         engine.dispose()
     return url
@@ -127,9 +127,7 @@ def require_sandbox() -> None:
     ok, why = sandbox_status()
     if ok:
         return
-    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
-        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but pods cannot be sandboxed here: {why}")
-    pytest.skip(f"pods cannot be sandboxed here: {why}")
+    missing(REQUIRE_SANDBOX_ENV, f"pods cannot be sandboxed here: {why}")
 
 
 @pytest.fixture(scope="session", autouse=True)

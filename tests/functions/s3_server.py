@@ -35,6 +35,7 @@ import pytest
 from botocore.config import Config
 
 from functions.stores import S3Config
+from tests.require import missing
 
 REQUIRE_S3_ENV = "FIREPOOL_REQUIRE_S3"
 ACCESS_KEY = "FIREPOOLTESTKEY"
@@ -195,9 +196,7 @@ class S3Server:
 
 def unavailable(why: str) -> None:
     """Skip the calling test with ``why``, or fail it under ``FIREPOOL_REQUIRE_S3=1``."""
-    if os.environ.get(REQUIRE_S3_ENV) == "1":
-        pytest.fail(f"{REQUIRE_S3_ENV}=1 but the S3 test server cannot start: {why}")
-    pytest.skip(f"the S3 test server cannot start: {why}")
+    missing(REQUIRE_S3_ENV, f"the S3 test server cannot start: {why}")
 
 
 def start_or_skip() -> S3Server:

@@ -27,6 +27,7 @@ import pytest
 from gateway.auth import Role
 from tests.conftest import deploy_examples
 from tests.helpers import ThreadedBroker, threaded_broker
+from tests.require import missing
 
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRE_ENV = "FIREPOOL_REQUIRE_BROWSER"
@@ -57,9 +58,7 @@ def browser_or_skip() -> Any:
     if why is None and not CHROMIUM.is_file():
         why = f"Debian Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
     if why is not None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {why}")
-        pytest.skip(why)
+        missing(REQUIRE_ENV, why)
     return sync_playwright
 
 

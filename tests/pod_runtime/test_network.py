@@ -29,6 +29,7 @@ from gateway.auth import Role
 from gateway.harness import BrokerServer, kill_pods, start_broker
 from pod_runtime.network import outbound_status
 from tests.conftest import REQUIRE_SANDBOX_ENV, require_sandbox
+from tests.require import missing
 
 PROBE = '''
 def tcp(request):
@@ -46,11 +47,8 @@ OUTSIDE_ADDRESS = "198.18.226.1"  # RFC 2544 benchmarking range: never a real ho
 
 def require(condition: bool, why: str) -> None:
     """Skip with ``why`` unless ``condition``; fail under ``FIREPOOL_REQUIRE_SANDBOX=1``."""
-    if condition:
-        return
-    if os.environ.get(REQUIRE_SANDBOX_ENV) == "1":
-        pytest.fail(f"{REQUIRE_SANDBOX_ENV}=1 but {why}")
-    pytest.skip(why)
+    if not condition:
+        missing(REQUIRE_SANDBOX_ENV, why)
 
 
 class Listener:
