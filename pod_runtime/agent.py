@@ -72,7 +72,7 @@ class Agent(AgentRoutes[Attempt]):
         cgroups = None
         if self.settings.cgroups:
             limits = JobLimits(self.settings.job_memory_max, self.settings.job_pids_max)
-            cgroups = JobCgroups.open(self.settings.pod_name, limits)
+            cgroups = JobCgroups.open(self.settings.pod_dir, limits)
         self.resetter.cgroups = cgroups
         self.cgroups_note = (
             cgroups.describe() if cgroups else "no writable cgroup v2: jobs tracked via /proc"

@@ -4,12 +4,15 @@ Detection never assumes a layout: the v2 mount comes from /proc/self/mountinfo (
 ``/sys/fs/cgroup/unified`` beside v1 controllers; on a pure v2 host ``/sys/fs/cgroup``), the
 process's own v2 path from /proc/self/cgroup, and the controllers from ``cgroup.controllers``.
 
-Layout: ``<v2>/<launcher's cgroup>/firepool/<pod>/agent`` holds the agent and zygote (the
+Layout: ``<v2>/<launcher's cgroup>/firepool/<pod>-<dir hash>/agent`` holds the agent and zygote (the
 launcher moves the pod there before exec, see ``launch``); each job gets a sibling
 ``job-<n>``, so the common ancestor of every move is the pod's cgroup, the one tree the
 sandbox may write. With the ``memory`` / ``pids`` controllers available (not on this host),
 jobs get ``memory.max`` / ``pids.max`` and ``memory.oom.group``, and an ``oom_kill`` event
-is reported as OOM. Without a writable v2 hierarchy ``JobCgroups.open`` returns None and the
+is reported as OOM. The pod's cgroup is named by its name and a hash of its directory
+(``pod_cgroup_name``): two brokers, or two test clusters, started from one shell share the
+launcher's cgroup and may each have a pod ``cpu-1``; deleting one must not kill the other.
+Without a writable v2 hierarchy ``JobCgroups.open`` returns None and the
 agent tracks jobs through /proc alone (subreaper + sessions).
 
 Blocking file writes of a few bytes; called on the event loop. One ``JobCgroups`` per agent.
@@ -18,6 +21,7 @@ Blocking file writes of a few bytes; called on the event loop. One ``JobCgroups`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import time
@@ -65,15 +69,25 @@ def own_v2_path() -> str | None:
     return None
 
 
-def pod_cgroup_dir(pod_name: str) -> Path | None:
-    """Where a new pod's cgroup goes (``None`` unless v2 is writable and has cgroup.kill)."""
+def pod_cgroup_name(pod_dir: Path) -> str:
+    """The name of the cgroup of the pod living in ``pod_dir``: its directory's name and a
+    hash of its absolute path, unique per pod on this host (pod names are unique per broker
+    only). The sandbox binds ``pod_dir`` at the same path, so the agent inside computes the
+    same name."""
+    where = os.fsencode(Path(pod_dir).resolve())
+    return f"{Path(pod_dir).name}-{hashlib.blake2b(where, digest_size=5).hexdigest()}"
+
+
+def pod_cgroup_dir(pod_dir: Path) -> Path | None:
+    """Where the cgroup of the pod in ``pod_dir`` goes (``None`` unless v2 is writable and
+    has cgroup.kill)."""
     mount, own = v2_mount(), own_v2_path()
     if mount is None or own is None:
         return None
     base = mount / own.lstrip("/")
     if not os.access(base, os.W_OK) or not (base / "cgroup.procs").exists():
         return None
-    return base / "firepool" / pod_name
+    return base / "firepool" / pod_cgroup_name(pod_dir)
 
 
 def _write(path: Path, value: str) -> bool:
@@ -110,17 +124,18 @@ class JobCgroups:
         self._seq = 0
 
     @classmethod
-    def open(cls, pod_name: str, limits: JobLimits = JobLimits()) -> JobCgroups | None:
-        """The pod cgroup if this agent already sits in ``.../<pod>/agent`` (launched by
-        ``launch``), else try to create one and move in (works unsandboxed as root)."""
+    def open(cls, pod_dir: Path, limits: JobLimits = JobLimits()) -> JobCgroups | None:
+        """The pod cgroup if this agent already sits in its ``.../<pod cgroup>/agent``
+        (launched by ``launch``), else try to create one and move in (works unsandboxed as
+        root)."""
         mount, own = v2_mount(), own_v2_path()
         if mount is None or own is None:
             return None
         here = mount / own.lstrip("/")
-        if here.name == "agent" and here.parent.name == pod_name:
+        if here.name == "agent" and here.parent.name == pod_cgroup_name(pod_dir):
             pod = here.parent
         else:
-            target = pod_cgroup_dir(pod_name)
+            target = pod_cgroup_dir(pod_dir)
             if target is None:
                 return None
             try:
@@ -223,10 +238,11 @@ class JobCgroups:
         return stuck
 
 
-def kill_pod(pod_name: str, wait_s: float = 2.0) -> bool:
-    """For a backend deleting a pod: ``cgroup.kill`` its whole cgroup (agent, zygote, jobs,
-    whatever namespace they are in), wait until it is empty and remove it. True when gone."""
-    pod = pod_cgroup_dir(pod_name)
+def kill_pod(pod_dir: Path, wait_s: float = 2.0) -> bool:
+    """For a backend deleting the pod in ``pod_dir``: ``cgroup.kill`` its whole cgroup
+    (agent, zygote, jobs, whatever namespace they are in), wait until it is empty and remove
+    it. True when gone."""
+    pod = pod_cgroup_dir(pod_dir)
     if pod is None or not pod.exists():
         return True
     _write(pod / "cgroup.kill", "1")

@@ -389,7 +389,7 @@ def agent_command(
             _warned = True
             log.warning("pods are not sandboxed (%s): they run as plain processes", why)
         use_sandbox = ok
-    pod_cgroup = cgroups.pod_cgroup_dir(pod_name)
+    pod_cgroup = cgroups.pod_cgroup_dir(pod_dir)
     argv = agent
     if use_sandbox:
         job_uid = jobuser.JOB_UID if drop_jobs and os.geteuid() == 0 else None

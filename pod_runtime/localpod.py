@@ -126,4 +126,4 @@ class LocalPod:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        kill_pod(self.name)
+        kill_pod(self.pod_dir)

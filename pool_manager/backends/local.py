@@ -156,7 +156,7 @@ def stop_pod(pod_dir: Path, reap: Callable[[], None] = lambda: None, wait_s: flo
             if not pid_alive(pid):
                 break
             time.sleep(0.005)
-    kill_pod(pod_dir.name)
+    kill_pod(pod_dir)
     stop_pasta(pod_dir)  # an outbound pod's (killed with its cgroup, where there is one)
     if isinstance(pid, int):
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -35,14 +35,16 @@ class AgentProcess:
         sandbox: bool = False,
         network: bool = True,
         drop_jobs: bool = True,
+        pod_name: str | None = None,
     ) -> None:
         """``sandbox``: under bubblewrap (the test skips where there is none, or fails under
-        ``FIREPOOL_REQUIRE_SANDBOX=1``: ``require_sandbox``)."""
+        ``FIREPOOL_REQUIRE_SANDBOX=1``: ``require_sandbox``). ``pod_name``: the agent's pod
+        name (default: the directory's name and a random suffix)."""
         if sandbox:
             require_sandbox()
         self.pod_dir = pod_dir
         self.socket = pod_dir / "agent.sock"
-        self.name = f"{pod_dir.name}-{uuid.uuid4().hex[:8]}"
+        self.name = pod_name or f"{pod_dir.name}-{uuid.uuid4().hex[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         listen = f"unix:{self.socket}"
         if sandbox:
@@ -167,7 +169,7 @@ def agent_factory(
     yield start
     for agent in started:
         agent.stop()
-        kill_pod(agent.name)
+        kill_pod(agent.pod_dir)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pod_runtime import launch
-from pod_runtime.cgroups import pod_cgroup_dir, v2_mount
+from pod_runtime.cgroups import kill_pod, pod_cgroup_dir, v2_mount
 from pod_runtime.launch import agent_command
 from tests.conftest import require_sandbox
 from tests.pod_runtime.conftest import AgentProcess, make_zip, proc_alive
@@ -128,7 +128,7 @@ def test_each_job_runs_in_its_own_cgroup_removed_by_reset(
 ) -> None:
     agent = agent_factory(name="cg", sandbox=True)
     assert "cgroup v2" in agent.call("GET", "/healthz")[1]["cgroups"]
-    pod_cgroup = pod_cgroup_dir(agent.name)
+    pod_cgroup = pod_cgroup_dir(agent.pod_dir)
     assert pod_cgroup is not None
     pkg = _package(agent)
     result = agent.run({"attempt_id": "cg-1:1", "package": pkg, "entrypoint": "sbjobs:cgroup"})
@@ -146,6 +146,30 @@ def test_each_job_runs_in_its_own_cgroup_removed_by_reset(
     assert agent.reset()["clean"] is True
 
 
+def test_deleting_a_pod_leaves_a_pod_of_the_same_name_in_another_directory_alone(
+    tmp_path: Path,
+) -> None:
+    """Two brokers (or two test clusters) started from one shell share its cgroup, and each
+    may have a pod named ``twin``: each pod's cgroup is its own, so deleting one (the
+    backends' ``kill_pod``) leaves the other running."""
+    first = AgentProcess(tmp_path / "a" / "twin", pod_name="twin")
+    second = AgentProcess(tmp_path / "b" / "twin", pod_name="twin")
+    try:
+        for agent in (first, second):
+            cgroups = agent.call("GET", "/healthz")[1]["cgroups"]
+            assert "cgroup v2" in cgroups, f"this host has a writable cgroup v2: {cgroups}"
+        one, two = pod_cgroup_dir(first.pod_dir), pod_cgroup_dir(second.pod_dir)
+        assert one is not None and two is not None and one != two
+        assert kill_pod(first.pod_dir) is True
+        first.proc.wait(10)
+        assert second.proc.poll() is None
+        assert second.call("GET", "/healthz")[0] == 200
+    finally:
+        first.stop()
+        second.stop()
+        kill_pod(second.pod_dir)
+
+
 def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
     agent_factory: Callable[..., AgentProcess],
 ) -> None:
@@ -159,7 +183,7 @@ def test_sigterm_to_a_sandboxed_pod_kills_all_of_it(
         )[0]
         == 202
     )
-    cgroup = pod_cgroup_dir(agent.name)
+    cgroup = pod_cgroup_dir(agent.pod_dir)
     assert cgroup is not None, "this host has a writable cgroup v2"
     members = [int(p) for p in (cgroup / "agent" / "cgroup.procs").read_text().split()]
     assert len(members) >= 3  # shell, bwrap, its init, the agent, the zygote
@@ -239,7 +263,7 @@ def test_deleting_a_pod_survives_its_cgroups_vanishing_while_listed(
 
     pod = tmp_path / "cpu-1"
     (pod / "job-1").mkdir(parents=True)
-    monkeypatch.setattr(cgroups, "pod_cgroup_dir", lambda name: pod)
+    monkeypatch.setattr(cgroups, "pod_cgroup_dir", lambda pod_dir: pod)
     monkeypatch.setattr(cgroups, "_write", lambda path, text: None)
     listed = {"n": 0}
     real_rglob = Path.rglob
@@ -251,5 +275,5 @@ def test_deleting_a_pod_survives_its_cgroups_vanishing_while_listed(
         return real_rglob(self, pattern)
 
     monkeypatch.setattr(Path, "rglob", vanishing)
-    assert cgroups.kill_pod("cpu-1", wait_s=1.0) is True
+    assert cgroups.kill_pod(tmp_path / "pods" / "cpu-1", wait_s=1.0) is True
     assert listed["n"] >= 2 and not pod.exists()
