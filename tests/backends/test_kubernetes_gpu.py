@@ -130,7 +130,8 @@ async def test_the_sweep_fails_closed_until_the_cards_report_is_clean(
         node.set_card(card, processes=[])
         assert await verdict() is True  # clean: promotion may go ahead
         # A process of a group pod's own (below its agent, as a job is) keeps it clean.
-        job = _child_of(node.pods["h200-a"])
+        await _until(lambda: _zygote_of(node.pods["h200-a"]) is not None)
+        job = _zygote_of(node.pods["h200-a"])
         assert job is not None
         node.set_card(card, processes=[job])
         assert await verdict() is True
@@ -165,15 +166,19 @@ def ip_known(backend: KubernetesBackend, name: str) -> bool:
     return bool(pod and (pod.get("status") or {}).get("podIP"))
 
 
-def _child_of(pid: int) -> int | None:
-    """A process below the agent ``pid`` (its zygote), standing in for a job's process."""
+def _zygote_of(pid: int) -> int | None:
+    """The zygote below the agent ``pid``, standing in for a job's process. The agent has
+    short-lived children too (its sandbox probe, its network setup): one of those may be gone
+    by the time the card is read, which would make the card look shared."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_bytes()
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if int(stat[stat.rfind(b")") + 2 :].split()[1]) == pid:
+            parent = int(stat[stat.rfind(b")") + 2 :].split()[1])
+            if parent == pid and b"pod_runtime.zygote" in argv:
                 return int(entry)
     return None
 
