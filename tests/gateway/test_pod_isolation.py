@@ -25,6 +25,7 @@ from broker.settings import private_home
 from functions.sdk import Client
 from gateway.auth import Role, load_or_create_key
 from gateway.harness import BrokerServer, kill_pods, start_broker
+from pod_runtime.cgroups import pod_cgroup_name
 from tests.conftest import BEHAVIOURS, require_sandbox
 
 
@@ -153,7 +154,8 @@ def test_a_job_runs_as_an_unprivileged_uid_that_cannot_touch_its_agent(
     assert seen["replace agent.sock"] == "PermissionError", seen
     assert seen["write site cache"] == "PermissionError", seen
     assert seen["read root-only"] == "PermissionError", seen
-    assert seen["pod cgroups"] in (None, [pod]), "no other pod's cgroup is in sight"
+    own_cgroup = pod_cgroup_name(server.home / "pods" / pod)
+    assert seen["pod cgroups"] in (None, [own_cgroup]), "no other pod's cgroup is in sight"
     assert seen["/tmp MiB"] == seen["/dev/shm MiB"] == 64, "the pool's tmpfs_mb, not half the RAM"
     wrote = {k: v for k, v in seen.items() if k.startswith("write ") and "cache" not in k}
     assert wrote == dict.fromkeys(wrote, "allowed") and len(wrote) == 5, wrote
