@@ -46,6 +46,7 @@ from gateway.decoding import Field, decode, string_map
 from gateway.errors import error_body, error_headers, http_status, retry_after
 from gateway.metrics import CONTENT_TYPE, RequestMetrics, render_metrics
 from gateway.openapi import build_openapi, with_pools
+from pool_manager.catalog import Catalog
 from pool_manager.states import TERMINAL_JOB_STATES, JobState
 
 log = logging.getLogger("firepool.api")
@@ -475,7 +476,18 @@ async def metrics(request: Request) -> Response:
 
 @queries()
 async def openapi(request: Request) -> Response:
-    return JSONResponse(request.app.state.openapi)
+    return JSONResponse(served_openapi(request.app))
+
+
+def served_openapi(app: Starlette) -> dict[str, Any]:
+    """The document for the broker's catalog of now: a reload (SIGHUP, a changed ConfigMap)
+    swaps the catalog, and the pools the document names follow it. Made once per catalog."""
+    catalog = app.state.broker.catalog
+    made: tuple[Catalog, dict[str, Any]] | None = app.state.openapi
+    if made is None or made[0] is not catalog:
+        made = (catalog, with_pools(OPENAPI, catalog))
+        app.state.openapi = made
+    return made[1]
 
 
 async def firepool_error(request: Request, exc: Exception) -> Response:
@@ -585,7 +597,7 @@ def create_app(broker: Broker) -> Starlette:
         },
     )
     app.state.broker = broker
-    app.state.openapi = with_pools(OPENAPI, broker.catalog)
+    app.state.openapi = None  # served_openapi makes it for the catalog of the moment
     settings = broker.settings
     app.state.auth = authenticator_for(broker.signing_key, settings)
     return app

@@ -17,7 +17,7 @@ from starlette.routing import Mount, Route
 
 from broker.service import Broker
 from broker.settings import Settings
-from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app
+from gateway.app import FUNCTION_FIELDS, INVOKE_FIELDS, OPENAPI, create_app, served_openapi
 from gateway.auth import Role
 from tests.conftest import BEHAVIOURS
 from tests.helpers import ThreadedBroker
@@ -131,7 +131,8 @@ def test_the_served_document_names_the_pools_and_their_largest_gangs(tmp_path: P
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text("budgets: {cpu: 6}\npools:\n  cpu: {max_count: 4}\n  big: {max_count: 9}\n")
     app = create_app(Broker(Settings(home=tmp_path, catalog_path=catalog)))
-    validator = jsonschema.Draft202012Validator(_body("/v1/functions", document=app.state.openapi))
+    document = served_openapi(app)
+    validator = jsonschema.Draft202012Validator(_body("/v1/functions", document=document))
     body = {"name": "f", "package_digest": "0" * 64, "entrypoint": "m:f"}
     assert validator.is_valid({**body, "sku": "cpu", "pods": 4})
     assert validator.is_valid({**body, "sku": "big", "pods": 6})

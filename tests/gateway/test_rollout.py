@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.auth import Role
@@ -123,7 +124,9 @@ def test_sighup_reloads_the_catalog(tmp_path: Path) -> None:
     home = tmp_path / "home"
     server = start_broker(home, _catalog("v1"), extra_env={"FIREPOOL_CATALOG_POLL_S": "0"})
     try:
-        (home / "catalog.yaml").write_text(_catalog("v7").replace("max_count: 4", "max_count: 3"))
+        spare = "  spare: {max_count: 1}\n"
+        changed = _catalog("v7", spare).replace("max_count: 4", "max_count: 3")
+        (home / "catalog.yaml").write_text(changed)
         time.sleep(0.3)
         assert "catalog reloaded" not in server.log()  # no watch: only the signal reloads
         server.proc.send_signal(signal.SIGHUP)
@@ -131,6 +134,10 @@ def test_sighup_reloads_the_catalog(tmp_path: Path) -> None:
         with server.client("admin", Role.ADMIN) as fp:
             pools = fp.pools()
         assert pools["pools"]["cpu"]["ceiling"] == 3
+        # The served API document names the pools of the reloaded catalog.
+        document = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
+        body = document["paths"]["/v1/functions"]["post"]["requestBody"]["content"]
+        assert body["application/json"]["schema"]["properties"]["sku"]["enum"] == ["cpu", "spare"]
         assert server.proc.poll() is None
     finally:
         server.stop()
