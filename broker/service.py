@@ -61,7 +61,7 @@ from pod_runtime.agent_auth import agent_key
 from pool_manager.backends.base import PodBackend
 from pool_manager.backends.factory import KubernetesOptions, make_backend
 from pool_manager.backends.gpu_share import GpuShare
-from pool_manager.backends.local import socket_path_error
+from pool_manager.backends.local import LocalBackend, socket_path_error
 from pool_manager.catalog import Catalog
 from pool_manager.model import PodInfo
 from pool_manager.pod_index import gpus_per_pod
@@ -457,6 +457,13 @@ class Broker:
         (``broker.storage_collection``; the storage sweep calls it every
         ``storage_sweep_s``)."""
         return await self.collector.collect(now)
+
+    @property
+    def package_bytes_relayed(self) -> int:
+        """Package bytes local sandboxed pods fetched through the broker's fetch socket (from
+        ``/v1/blobs`` or the object store: their network reaches neither); 0 elsewhere."""
+        proxy = self.backend.fetch_proxy if isinstance(self.backend, LocalBackend) else None
+        return proxy.bytes_relayed if proxy is not None else 0
 
     async def package_blob(self, digest: str, expires: int, sig: str) -> Path | BinaryIO:
         """A package for a pod holding a signed URL: the store's own file where it keeps one,

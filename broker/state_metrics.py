@@ -112,13 +112,17 @@ class BrokerStateCollector(Collector):
                 "Package bytes the broker served to pods (/v1/blobs); 0 with the s3 store, "
                 "whose pods fetch from the bucket.",
             ),
+            CounterMetricFamily(
+                "firepool_package_bytes_relayed",
+                "Package bytes local sandboxed pods fetched through the broker's fetch socket "
+                "(their network reaches neither /v1/blobs nor the object store); 0 on Kubernetes.",
+            ),
         )
 
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
-        (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f) = (
-            self._families()
-        )
+        (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f,
+         relayed_f) = self._families()  # fmt: skip
         ready.add_metric([], 1.0 if broker.ready else 0.0)
         now = broker.clock()
         pods = broker.pod_infos()
@@ -140,7 +144,10 @@ class BrokerStateCollector(Collector):
         for key, held in sorted(self._integrate(pods, now).items()):
             split_f.add_metric(list(key), held)
         served_f.add_metric([], broker.package_bytes_served)
-        yield from (ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f)
+        relayed_f.add_metric([], broker.package_bytes_relayed)
+        yield from (
+            ready, pods_f, depth_f, oldest_f, used_f, limit_f, held_f, split_f, served_f, relayed_f
+        )  # fmt: skip
 
     def _integrate(self, pods: list[PodInfo], now: float) -> dict[HeldKey, float]:
         """Add the interval since the last scrape at the units it saw, then take the pods'

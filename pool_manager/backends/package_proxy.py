@@ -97,6 +97,8 @@ class PackageFetchProxy:
         """The URL forms, or how to find them: asked once, at ``start`` (a store that signs
         its URLs, S3, may not be able to sign one before the broker runs)."""
         self.forms: tuple[UrlForm, ...] = ()
+        self.bytes_relayed = 0
+        """Body bytes relayed to pods so far (a metric: the broker's host on the data path)."""
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -143,6 +145,7 @@ class PackageFetchProxy:
                 await resp.prepare(request)
                 async for chunk in up.content.iter_chunked(CHUNK):
                     await resp.write(chunk)
+                    self.bytes_relayed += len(chunk)
                 await resp.write_eof()
                 return resp
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:

@@ -32,6 +32,7 @@ from functions.packaging import package_file
 from functions.sdk import ApiError
 from gateway.auth import Role
 from gateway.harness import REPO
+from pod_runtime.launch import sandbox_status
 from tests.functions.s3_server import BUCKET, S3Server, start_or_skip
 from tests.helpers import ThreadedBroker, threaded_broker
 
@@ -95,6 +96,9 @@ def test_a_deploy_goes_to_the_bucket_once_and_pods_fetch_from_it_not_the_broker(
     assert stored is not None and stored["ContentLength"] == size
     assert served.broker.package_bytes_served == 0
     assert metric(served, "firepool_package_bytes_served_total") == 0
+    # A sandboxed local pod has no route to the bucket: its fetch socket relays the bytes.
+    relayed = size if sandbox_status()[0] else 0
+    assert metric(served, "firepool_package_bytes_relayed_total") == relayed
     with served.client("deployer", Role.DEPLOY) as again:  # a new client, the same caller
         again.deploy(code, name="f", sku="cpu", entrypoint="main:f")
         assert again.bytes_uploaded == 0
@@ -294,6 +298,8 @@ def test_the_broker_counts_the_package_bytes_it_serves_with_its_own_store(tmp_pa
         assert fp.invoke("f", 1)["output"] == "served"
         assert served.broker.package_bytes_served == size
         assert metric(served, "firepool_package_bytes_served_total") == size
+        relayed = size if sandbox_status()[0] else 0  # /v1/blobs, through the fetch socket
+        assert metric(served, "firepool_package_bytes_relayed_total") == relayed
 
 
 def _cli(served: ThreadedBroker, token: str, *args: str) -> subprocess.CompletedProcess[str]:
