@@ -161,9 +161,9 @@ def _deps(pod: LocalPod, serve: Path, base: str, trials: int) -> dict[str, float
     wheel = _wheel(pod.pod_dir)
     (serve / "req.txt").write_text(f"{wheel}\n")
     req = {"url": f"{base}/req.txt", "digest": _digest(serve / "req.txt")}
-    noop = "import os\ndef noop(x):\n    return None\n"
+    source = "import os\ndef noop(x):\n    return None\n"
     with zipfile.ZipFile(serve / "noop.zip", "w") as zf:
-        zf.writestr("noopmod.py", noop)
+        zf.writestr("noopmod.py", source)
     pkg = {"url": f"{base}/noop.zip", "digest": _digest(serve / "noop.zip")}
     _job(pod, {"package": pkg, "entrypoint": "noopmod:noop", "requirements": req})
     with_deps = [

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +200,8 @@ async def page_times(pods: int, jobs: int, requests: int) -> dict[str, Any]:
                     }
                     out: dict[str, Any] = {}
                     for name, (page, floor) in pairs.items():
-                        page_ms = await timed(lambda p=page: http.get(p), requests)
-                        floor_ms = await timed(lambda f=floor: http.get(f), requests)
+                        page_ms = await timed(partial(http.get, page), requests)
+                        floor_ms = await timed(partial(http.get, floor), requests)
                         p50 = statistics.median(page_ms)
                         floor_p50 = statistics.median(floor_ms)
                         out[name] = {

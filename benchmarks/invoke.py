@@ -130,7 +130,8 @@ def floor_server(home: Path) -> Iterator[tuple[str, int]]:
     sandboxed, _ = launch.sandbox_status()
     argv = server
     if sandboxed:
-        argv = [*launch._bwrap_argv(pod_dir, True, None, sys.executable, [home]), *server]
+        # The pods' sandbox, with the host's network: the benchmark calls the floor on loopback.
+        argv = [*launch.bwrap_argv(pod_dir, "host", None, sys.executable, [home]), *server]
     env = dict(os.environ, PYTHONPATH=str(REPO))  # ``-P``: the module's tree, by name
     with (home / "floor.log").open("ab") as log:
         proc = subprocess.Popen(

@@ -276,7 +276,7 @@ def _open_parents(path: Path, emptied: Sequence[str]) -> list[str]:
     return argv
 
 
-def _bwrap_argv(
+def bwrap_argv(
     pod_dir: Path,
     network: str,
     cgroup_dir: Path | None,
@@ -286,6 +286,12 @@ def _bwrap_argv(
     tmpfs_bytes: int = PRIVATE_TMPFS_BYTES,
     fetch_socket: Path | None = None,
 ) -> list[str]:
+    """bubblewrap's arguments up to ``--`` for a pod in ``pod_dir``: the host's root read-only,
+    private /tmp and /dev/shm of ``tmpfs_bytes``, ``hidden`` paths and the host's root-only
+    files masked, the pod's directory writable, its package on a tmpfs, new PID, IPC and UTS
+    namespaces, no capabilities but ``capabilities``, ``cgroup_dir`` its one visible cgroup,
+    and a network namespace of its own when ``network`` is ``none`` (``outbound`` gets its
+    namespace from ``pod_runtime.network`` before bwrap; ``host`` keeps the host's)."""
     pkg = str(pod_dir / "workspace" / "pkg")
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*")):
@@ -394,7 +400,7 @@ def agent_command(
     if use_sandbox:
         job_uid = jobuser.JOB_UID if drop_jobs and os.geteuid() == 0 else None
         capabilities = jobuser.AGENT_CAPABILITIES if job_uid is not None else ()
-        sandbox_argv = _bwrap_argv(
+        sandbox_argv = bwrap_argv(
             pod_dir, mode, pod_cgroup, python, hidden, capabilities, tmpfs_bytes, fetch_socket
         )
         if mode == "outbound":

@@ -6,9 +6,10 @@ job whose user code ran twice hits twice, whatever the job store says.
 
 import time
 import urllib.request
+from typing import Any
 
 
-def work(request):
+def work(request: dict[str, Any]) -> dict[str, Any]:
     url = f"{request['recorder']}/hit?key={request['key']}"
     with urllib.request.urlopen(url, timeout=10) as resp:
         resp.read()
