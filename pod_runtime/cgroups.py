@@ -4,16 +4,16 @@ Detection never assumes a layout: the v2 mount comes from /proc/self/mountinfo (
 ``/sys/fs/cgroup/unified`` beside v1 controllers; on a pure v2 host ``/sys/fs/cgroup``), the
 process's own v2 path from /proc/self/cgroup, and the controllers from ``cgroup.controllers``.
 
-Layout: ``<v2>/<launcher's cgroup>/firepool/<pod>-<dir hash>/agent`` holds the agent and zygote (the
-launcher moves the pod there before exec, see ``launch``); each job gets a sibling
+Layout: ``<v2>/<launcher's cgroup>/firepool/<pod>-<dir hash>/agent`` holds the agent and
+zygote (the launcher moves the pod there before exec, see ``launch``); each job gets a sibling
 ``job-<n>``, so the common ancestor of every move is the pod's cgroup, the one tree the
 sandbox may write. With the ``memory`` / ``pids`` controllers available (not on this host),
 jobs get ``memory.max`` / ``pids.max`` and ``memory.oom.group``, and an ``oom_kill`` event
 is reported as OOM. The pod's cgroup is named by its name and a hash of its directory
 (``pod_cgroup_name``): two brokers, or two test clusters, started from one shell share the
 launcher's cgroup and may each have a pod ``cpu-1``; deleting one must not kill the other.
-Without a writable v2 hierarchy ``JobCgroups.open`` returns None and the
-agent tracks jobs through /proc alone (subreaper + sessions).
+Without a writable v2 hierarchy ``JobCgroups.open`` returns None and the agent tracks jobs
+through /proc alone (subreaper + sessions).
 
 Blocking file writes of a few bytes; called on the event loop. One ``JobCgroups`` per agent.
 """
