@@ -44,8 +44,13 @@ class ObjectLogArchive(LogArchive):
         self.bucket = store.bucket
         self._deletes = ThreadPoolExecutor(1, thread_name_prefix="log-deletes")
 
+    @property
+    def folder(self) -> str:
+        """The key prefix of every archived log."""
+        return f"{self.store.config.prefix}logs/"
+
     def key(self, job_id: str) -> str:
-        return f"{self.store.config.prefix}logs/{job_id}.log"
+        return f"{self.folder}{job_id}.log"
 
     def seal(self, job_id: str) -> None:
         """Put the job's gathered log in the bucket and drop the local file; on a store
@@ -61,6 +66,26 @@ class ObjectLogArchive(LogArchive):
             log.warning("job %s: its log stays on local disk: %s", job_id, why)
             return
         path.unlink(missing_ok=True)
+
+    def job_ids(self) -> list[str]:
+        """The jobs whose logs are kept: local files (an attempt being archived, or one whose
+        seal failed) and the bucket's ``logs/`` objects, listed a page of 1,000 keys per
+        request. Blocks; ``StoreUnavailable`` when the bucket cannot be listed (the storage
+        sweep then tries again next time)."""
+        ids = set(super().job_ids())
+        folder = self.folder
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=folder
+        )
+        try:
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    name = item["Key"][len(folder) :]
+                    if name.endswith(".log") and "/" not in name:
+                        ids.add(name.removesuffix(".log"))
+        except (ClientError, BotoCoreError) as exc:
+            raise store_error(exc, "a LIST of archived logs") from exc
+        return sorted(ids)
 
     def read(self, job_id: str, offset: int = 0, limit: int = READ_CHUNK) -> bytes:
         try:  # the local file first: a seal puts the object before it removes the file

@@ -26,10 +26,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 import pytest
 
+from broker.log_objects import ObjectLogArchive
 from functions.errors import StoreUnavailable
 from functions.package_transfer import _put_part
 from functions.packaging import package_file
 from functions.sdk import ApiError
+from functions.stores import S3PackageStore
 from gateway.auth import Role
 from gateway.harness import REPO
 from pod_runtime.launch import sandbox_status
@@ -222,6 +224,27 @@ def test_a_finished_jobs_log_is_read_back_from_the_bucket_at_the_same_offsets(
     archive.flush()  # type: ignore[attr-defined]
     assert head(s3_env, f"logs/{job['id']}.log") is None
     assert archive.read(job["id"]) == b""
+
+
+def test_the_storage_sweep_sees_logs_sealed_in_the_bucket(s3_env: S3Server, tmp_path: Path) -> None:
+    """The sweep that deletes the logs of jobs past retention or unknown lists them with
+    ``job_ids``: sealed logs are in the bucket, not on local disk, and are listed too (one
+    page holds 1,000 keys: 1,005 take two)."""
+    store = S3PackageStore(s3_env.config())
+    archive = ObjectLogArchive(tmp_path / "logs", store)
+    client: Any = s3_env.client()
+    for n in range(1005):
+        client.put_object(Bucket=BUCKET, Key=archive.key(f"job-{n:04d}"), Body=b"x\n")
+    client.put_object(Bucket=BUCKET, Key=f"{archive.folder}not-a-log.txt", Body=b"")
+    archive.write("sealed", b"sealed\n", 0)
+    archive.seal("sealed")
+    archive.write("running", b"still here\n", 0)  # an attempt being archived
+    assert not (tmp_path / "logs" / "sealed.log").exists()
+    listed = archive.job_ids()
+    assert listed == sorted([*(f"job-{n:04d}" for n in range(1005)), "sealed", "running"])
+    archive.delete("sealed")
+    archive.flush()
+    assert "sealed" not in archive.job_ids() and head(s3_env, archive.key("sealed")) is None
 
 
 def test_with_the_object_store_stopped_uploads_are_503_and_fetches_fail_typed(
