@@ -463,6 +463,11 @@ class Settings:
     jwt_caller_claim: str = "sub"
     """The JWKS token claim that names the caller (FIREPOOL_JWT_CALLER_CLAIM); a non-empty
     string in every token, else it is refused."""
+    jwt_caller_prefix: str = ""
+    """Put before every JWKS token's caller (FIREPOOL_JWT_CALLER_PREFIX), e.g. ``oidc:``, so
+    that no outside subject is the same caller as a name ``firepool token`` mints. Empty (the
+    default): an outside ``alice`` and a minted ``alice`` are one caller, sharing jobs, holds
+    and quota, as a move from minted tokens to an identity provider wants."""
     jwt_role_claim: str | None = None
     """The JWKS token claim that names the caller's role (FIREPOOL_JWT_ROLE_CLAIM): a role,
     or a list (``groups``) whose highest role counts. Unset, or absent from a token:

@@ -78,12 +78,18 @@ class OutsideIdentity:
     caller_claim: str = "sub"
     role_claim: str | None = None
     default_role: Role = Role.INVOKE
+    caller_prefix: str = ""
+    """Put before the claimed caller (``Settings.jwt_caller_prefix``)."""
 
     def principal(self, claims: dict[str, Any]) -> Principal:
         caller = claims.get(self.caller_claim)
         if not isinstance(caller, str) or not caller:
             raise Unauthorized(f"token's {self.caller_claim!r} claim must be a non-empty string")
-        return Principal(caller=caller, role=self._role(claims), expires=float(claims["exp"]))
+        return Principal(
+            caller=self.caller_prefix + caller,
+            role=self._role(claims),
+            expires=float(claims["exp"]),
+        )
 
     def _role(self, claims: dict[str, Any]) -> Role:
         named = None if self.role_claim is None else claims.get(self.role_claim)
@@ -246,5 +252,6 @@ def authenticator_for(key: bytes, settings: Settings) -> Authenticator:
             caller_claim=settings.jwt_caller_claim,
             role_claim=settings.jwt_role_claim,
             default_role=Role(settings.jwt_default_role),
+            caller_prefix=settings.jwt_caller_prefix,
         )
     return Authenticator(key, settings.audience, settings.token_cache_size, outside)

@@ -35,6 +35,7 @@ from broker.settings import JWT_ROLES, Settings
 from functions.errors import InvalidRequest, Unauthorized, Unavailable
 from gateway.auth import Role
 from gateway.jwks import JwksPolicy, JwksVerifier
+from tests.conftest import deploy_examples
 from tests.deploy.manifests import one, render, validate
 from tests.helpers import ThreadedBroker, threaded_broker
 
@@ -188,6 +189,29 @@ def test_a_list_of_groups_gives_its_highest_role(broker: ThreadedBroker) -> None
     assert (
         unknown.status_code == 401 and "unknown role 'root'" in unknown.json()["error"]["message"]
     )
+
+
+def test_a_caller_prefix_keeps_outside_subjects_apart_from_minted_callers(
+    jwks: JwksServer, tmp_path: Path
+) -> None:
+    """With ``jwt_caller_prefix``, the provider's ``alice`` is ``oidc:alice``: the jobs of a
+    minted ``alice`` are not hers (a job of another caller reads as not found)."""
+    with threaded_broker(
+        tmp_path, backend="fake", jwks_url=jwks.url, jwt_issuer=ISSUER, jwt_audience=AUDIENCE,
+        jwt_caller_prefix="oidc:",
+    ) as prefixed:  # fmt: skip
+        deploy_examples(prefixed, {"noop": "noop:noop"})
+        with prefixed.client("alice") as minted:
+            job = minted.invoke("noop", {"n": 1})
+        outside = token(sub="alice")
+        mine = get(prefixed, "/v1/jobs", outside)
+        assert mine.status_code == 200 and mine.json()["jobs"] == []
+        assert get(prefixed, f"/v1/jobs/{job['id']}", outside).status_code == 404
+        answer = httpx.post(
+            f"{prefixed.url}/v1/functions/noop:invoke", json={"input": {"n": 2}},
+            headers={"Authorization": f"Bearer {outside}"}, timeout=30,
+        )  # fmt: skip
+        assert answer.status_code == 200 and answer.json()["caller"] == "oidc:alice"
 
 
 def test_the_brokers_own_tokens_still_work_beside_the_jwks(broker: ThreadedBroker) -> None:
@@ -412,6 +436,7 @@ CLUSTER_JWKS = {
     "issuer": "https://kubernetes.default.svc.cluster.local",
     "audience": "firepool",
     "callerClaim": "sub",
+    "callerPrefix": "k8s:",
     "roleClaim": "firepool/role",
     "defaultRole": "deploy",
     "caFile": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
@@ -434,6 +459,7 @@ def test_the_chart_hands_the_broker_its_jwks_values_as_settings(
     assert settings.jwks_url == CLUSTER_JWKS["url"]
     assert settings.jwt_issuer == CLUSTER_JWKS["issuer"]
     assert settings.jwt_audience == "firepool"
+    assert (settings.jwt_caller_claim, settings.jwt_caller_prefix) == ("sub", "k8s:")
     assert (settings.jwt_role_claim, settings.jwt_default_role) == ("firepool/role", "deploy")
     assert settings.jwks_token_file == Path(CLUSTER_JWKS["tokenFile"])
     assert settings.jwks_ca_file == Path(CLUSTER_JWKS["caFile"])

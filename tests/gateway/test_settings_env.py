@@ -82,6 +82,7 @@ SAMPLES = {
     "jwt_issuer": ("https://kubernetes.default.svc.cluster.local",) * 2,
     "jwt_audience": ("firepool-cluster", "firepool-cluster"),
     "jwt_caller_claim": ("email", "email"),
+    "jwt_caller_prefix": ("oidc:", "oidc:"),
     "jwt_role_claim": ("groups", "groups"),
     "jwt_default_role": ("deploy", "deploy"),
     "jwks_timeout_s": ("2.5", 2.5),
