@@ -14,6 +14,7 @@ from benchmarks.proc_cpu import process_cpu_s, tree_cpu_s
 from benchmarks.verifier_fn.verifier import verify
 from benchmarks.verifier_loop import checks
 from gateway.harness import REPO
+from tests.benchmarks.rounding import ratio_of_printed
 
 
 def run_json(module: str, *args: str) -> dict[str, Any]:
@@ -24,16 +25,6 @@ def run_json(module: str, *args: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
-
-
-def ratio_of_printed(ratio: float, num: float, den: float, step: float = 0.001) -> bool:
-    """Whether ``ratio`` (printed rounded to 0.001) is the ratio of two timings that were
-    printed as ``num`` and ``den`` rounded to ``step``: it lies between the ratios of the
-    ends of their rounding intervals. (A fixed tolerance fails on short timings: a 0.050 s
-    wall rounded to 0.001 s is known to 1%.)"""
-    half = step / 2
-    low, high = (num - half) / (den + half), (num + half) / (den - half)
-    return low - 0.0005 <= ratio <= high + 0.0005
 
 
 def test_invoke_prints_the_warm_call_beside_its_floor_and_the_cpu_per_call() -> None:
