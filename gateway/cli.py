@@ -146,7 +146,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http="httptools",
         timeout_graceful_shutdown=int(settings.drain_s),
     )
-    if unsandboxed is not None:  # on the console, one paragraph, once nothing refuses it
+    if unsandboxed is not None and settings.log_format == "json":  # one JSON line, as the rest
+        log.warning("%s", unsandboxed.removeprefix("WARNING: "))
+    elif unsandboxed is not None:  # on the console, one paragraph, once nothing refuses it
         sys.stderr.write(textwrap.fill(unsandboxed, 100) + "\n")
         sys.stderr.flush()
     Server(config).run()

@@ -10,6 +10,7 @@ what that costs, and a job can indeed read the key, as the last test shows.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -140,6 +141,25 @@ def test_opted_in_without_a_sandbox_serve_warns_on_the_console_and_a_job_can_rea
     assert "FIREPOOL_ALLOW_UNSANDBOXED=1" in console
     assert seen["signing.key"]["output"] == (home / "signing.key").read_bytes()[:64].hex()
     assert bytes.fromhex(str(seen["jobs.db"]["output"])).startswith(b"SQLite format 3\0")
+
+
+def test_with_json_logs_the_warning_is_a_json_line_too(home: Path, path_without_bwrap: str) -> None:
+    """``--log-format json`` promises one JSON object per line: the console warning of an
+    unsandboxed broker is one of them (a wrapped text paragraph broke every log reader)."""
+    server = start_broker(
+        home,
+        "pools:\n  cpu: {max_count: 2}\n",
+        extra_env={"PATH": path_without_bwrap, ALLOW_UNSANDBOXED_ENV: "1",
+                   "FIREPOOL_LOG_FORMAT": "json"},
+    )  # fmt: skip
+    try:
+        lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    finally:
+        server.stop()
+    [warning] = [line for line in lines if "not sandboxed" in line["message"]]
+    assert warning["level"] == "WARNING"
+    assert warning["message"].startswith("pods are not sandboxed here (bubblewrap (bwrap) is not")
+    assert "FIREPOOL_ALLOW_UNSANDBOXED=1" in warning["message"]
 
 
 def test_the_isolation_check_names_what_it_found_and_how_to_opt_in(
