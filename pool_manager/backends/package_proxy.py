@@ -98,7 +98,8 @@ class PackageFetchProxy:
         its URLs, S3, may not be able to sign one before the broker runs)."""
         self.forms: tuple[UrlForm, ...] = ()
         self.bytes_relayed = 0
-        """Body bytes relayed to pods so far (a metric: the broker's host on the data path)."""
+        """Package bytes relayed to pods so far, the bodies of 200 answers (a metric: the
+        broker's host on the data path)."""
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -143,9 +144,11 @@ class PackageFetchProxy:
                     resp.content_length = up.content_length
                 resp.content_type = up.content_type
                 await resp.prepare(request)
+                package = up.status == 200  # not an error's body
                 async for chunk in up.content.iter_chunked(CHUNK):
                     await resp.write(chunk)
-                    self.bytes_relayed += len(chunk)
+                    if package:
+                        self.bytes_relayed += len(chunk)
                 await resp.write_eof()
                 return resp
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:

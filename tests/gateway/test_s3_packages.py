@@ -203,6 +203,7 @@ def test_a_tampered_and_an_expired_url_each_fail_the_attempt_package_fetch_faile
         assert job["state"] == "FAILED", job
         assert job["error"]["class"] == "PackageFetchFailed", job
         assert "HTTP 403" in job["error"]["message"] and says in job["error"]["message"], job
+    assert served.broker.package_bytes_relayed == 0  # the store's refusals are no package bytes
 
 
 def test_a_finished_jobs_log_is_read_back_from_the_bucket_at_the_same_offsets(
