@@ -137,6 +137,17 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
+def _replying(answer: bytes) -> Handler:
+    """A handler that reads one request and writes ``answer``, raw, as the agent's reply."""
+
+    async def reply(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        w.write(answer)
+        await w.drain()
+
+    return reply
+
+
 async def test_a_connection_closed_while_idle_is_replaced_once(
     raw_agent: tuple[str, list[Handler]],
 ) -> None:
@@ -176,13 +187,7 @@ async def test_chunked_and_unsized_answers_are_read_whole(
     raw_agent: tuple[str, list[Handler]], answer: bytes, expected: tuple[int, bytes]
 ) -> None:
     endpoint, handlers = raw_agent
-
-    async def reply(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        w.write(answer)
-        await w.drain()
-
-    handlers.append(reply)
+    handlers.append(_replying(answer))
     wire = AgentWire(endpoint, {})
     try:
         assert await wire.request("GET", "/x", None, 5.0) == expected
@@ -203,13 +208,7 @@ async def test_a_broken_answer_is_a_wire_error(
     raw_agent: tuple[str, list[Handler]], answer: bytes
 ) -> None:
     endpoint, handlers = raw_agent
-
-    async def reply(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        w.write(answer)
-        await w.drain()
-
-    handlers.append(reply)
+    handlers.append(_replying(answer))
     wire = AgentWire(endpoint, {})
     try:
         with pytest.raises(WireError):
